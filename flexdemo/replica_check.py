@@ -1,0 +1,81 @@
+"""Cheap check that parameters are bit-identical across the replica group.
+
+Each rank hashes the raw bits of its local shards (one int64 per tensor), the hashes are
+all-gathered over the replica group, and the first tensor whose hashes differ is named.
+The verdict is then agreed over the whole world, so that every rank raises the same error
+together instead of some ranks stopping while others wait in the next collective.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_CHUNK = 1 << 22  # elements hashed at a time, to bound the temporary memory
+
+
+class ReplicaMismatchError(RuntimeError):
+    """Replicas that must be bit-identical are not."""
+
+    def __init__(self, name: str, ranks: list[int]):
+        self.name = name
+        self.ranks = ranks
+        where = f"between ranks {ranks}" if ranks else "in another replicate group"
+        super().__init__(f"replicas diverged: parameter {name!r} differs {where}; stopping")
+
+
+def tensor_hash(t: torch.Tensor) -> torch.Tensor:
+    """An int64 hash of ``t``'s exact bits and positions (0-d tensor on ``t``'s device).
+
+    Bits are read as integers and summed with position-dependent odd weights; int64
+    arithmetic wraps, which is exact modular arithmetic, so the result does not depend on
+    the reduction order and equal bits always give equal hashes.
+    """
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    flat = t.detach().reshape(-1)
+    if flat.is_floating_point() or flat.is_complex():
+        flat = flat.view(_INT_VIEW[flat.element_size()])
+    total = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for start in range(0, flat.numel(), _CHUNK):
+        part = flat[start : start + _CHUNK].to(torch.int64)
+        pos = torch.arange(start, start + part.numel(), dtype=torch.int64, device=flat.device)
+        weights = pos * 2654435761 + 0x9E3779B97F4A7C1  # odd multiplier mixes positions
+        total += (part * (weights | 1)).sum()
+    return total + flat.numel()
+
+
+def check_replicas_identical(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    group: dist.ProcessGroup | None = None,
+    world_group: dist.ProcessGroup | None = None,
+) -> None:
+    """Raise :class:`ReplicaMismatchError` naming the first tensor that differs across ``group``.
+
+    Every rank of ``world_group`` (default: the whole world) must call this with its own
+    tensors in the same order; all of them raise, or none does.
+    """
+    named = list(named_tensors)
+    if not dist.is_initialized() or not named:
+        return
+    device = (named[0][1].to_local() if isinstance(named[0][1], DTensor) else named[0][1]).device
+    hashes = torch.stack([tensor_hash(t).to(device) for _, t in named])
+    size = dist.get_world_size(group)
+    gathered = torch.empty(size * len(named), dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(gathered, hashes, group=group)
+    gathered = gathered.view(size, len(named))
+    differs = (gathered != gathered[0]).any(0)
+    first_bad = int(differs.nonzero()[0]) if bool(differs.any()) else len(named)
+
+    # Agree world-wide on the first bad index, so all ranks raise together.
+    verdict = torch.tensor([first_bad], dtype=torch.int64, device=device)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=world_group)
+    first_bad = int(verdict.item())
+    if first_bad < len(named):
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        bad_ranks = [ranks[r] for r in range(size) if gathered[r, first_bad] != gathered[0, first_bad]]
+        raise ReplicaMismatchError(named[first_bad][0], [ranks[0]] + bad_ranks if bad_ranks else [])

@@ -1,0 +1,85 @@
+import math
+
+import pytest
+import torch
+
+from flexdemo.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
+from flexdemo.codec import (
+    mean_of_selected, pack_payload, payload_nbytes, select_topk, unpack_payload, value_nbytes,
+)
+from flexdemo.dct import block_layout, blocks_dct
+
+
+def test_bits_for():
+    assert bits_for(4096) == 12
+    assert bits_for(64) == 6
+    assert bits_for(65) == 7
+    assert bits_for(2) == 1
+    assert bits_for(1) == 0
+
+
+@pytest.mark.parametrize("bits", list(range(0, 17)) + [20, 31])
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 1000])
+def test_pack_unpack_is_lossless(bits, count):
+    g = torch.Generator().manual_seed(bits * 1000 + count)
+    values = torch.randint(0, 1 << bits, (count,), generator=g) if bits else torch.zeros(count, dtype=torch.int64)
+    packed = pack_uint(values, bits)
+    assert packed.dtype == torch.uint8 and packed.numel() == packed_nbytes(count, bits) == math.ceil(count * bits / 8)
+    assert torch.equal(unpack_uint(packed.unsqueeze(0), bits, count)[0], values)
+
+
+def test_pack_extremes_and_batched_unpack():
+    values = torch.tensor([0, 4095, 1, 4094, 2048, 2047])
+    packed = torch.stack([pack_uint(values, 12), pack_uint(values.flip(0), 12)])
+    out = unpack_uint(packed, 12, 6)
+    assert torch.equal(out[0], values) and torch.equal(out[1], values.flip(0))
+
+
+@pytest.mark.parametrize("encoding", ["fp32", "bf16", "sign"])
+@pytest.mark.parametrize("shape,topk", [((128, 64), 32), ((96, 130), 8), ((7,), 32), ((3, 64, 48), 5), ((), 4)])
+def test_payload_round_trip_and_size(encoding, shape, topk):
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    layout = block_layout(x.shape, 64)
+    k = min(topk, layout.block_numel)
+    idx, vals = select_topk(blocks_dct(x, layout), k)
+    payload = pack_payload(idx, vals, layout.block_numel, encoding)
+    count = layout.num_blocks * k
+    expected = math.ceil(count * bits_for(layout.block_numel) / 8) + {
+        "fp32": 4 * count, "bf16": 2 * count, "sign": math.ceil(count / 8)}[encoding]
+    assert payload.numel() == payload_nbytes(layout, topk, encoding) == expected
+    got_idx, got_vals = unpack_payload(payload.unsqueeze(0), layout.num_blocks, k, layout.block_numel, encoding,
+                                       torch.float32)
+    assert torch.equal(got_idx[0], idx)
+    if encoding == "fp32":
+        assert torch.equal(got_vals[0], vals)
+    elif encoding == "bf16":
+        assert torch.equal(got_vals[0], vals.to(torch.bfloat16).float())
+    else:
+        assert torch.equal(got_vals[0], torch.where(vals < 0, -1.0, 1.0))
+
+
+def test_llama_block_payload_is_52_bytes_per_block_with_sign_values():
+    layout = block_layout((4096, 4096), 64)
+    assert payload_nbytes(layout, 32, "sign") == 4096 * (32 * 12 + 32) // 8  # 4096 blocks x 52 bytes
+    assert value_nbytes(10, "bf16") == 20
+
+
+def test_topk_selects_largest_magnitudes():
+    coeffs = torch.tensor([[0.1, -5.0, 3.0, -0.2], [1.0, 2.0, -3.0, 4.0]])
+    idx, vals = select_topk(coeffs, 2)
+    assert sorted(idx[0].tolist()) == [1, 2] and sorted(idx[1].tolist()) == [2, 3]
+    assert torch.equal(vals, torch.gather(coeffs, 1, idx))
+
+
+def test_mean_of_selected_matches_scatter_reduce_mean():
+    torch.manual_seed(0)
+    W, B, N, k = 4, 6, 64, 8
+    idx = torch.stack([torch.stack([torch.randperm(N)[:k] for _ in range(B)]) for _ in range(W)])
+    vals = torch.randn(W, B, k, dtype=torch.float64)
+    expected = torch.zeros(B, N, dtype=torch.float64).scatter_reduce(
+        1, idx.permute(1, 0, 2).reshape(B, -1), vals.permute(1, 0, 2).reshape(B, -1), "mean", include_self=False)
+    torch.testing.assert_close(mean_of_selected(idx, vals, N), expected, atol=1e-14, rtol=0)
+    # A coefficient chosen by every replica averages; one chosen by none stays zero.
+    same = torch.zeros(W, 1, 1, dtype=torch.int64)
+    assert mean_of_selected(same, torch.arange(W, dtype=torch.float64).view(W, 1, 1), 4).tolist() == [[1.5, 0, 0, 0]]
