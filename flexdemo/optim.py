@@ -161,28 +161,17 @@ class DeMo(torch.optim.Optimizer):
                 slots.append(_Slot(p, lr, layout, k, offset, nbytes))
                 offset += nbytes
                 if nbytes:
-                    payloads.append(self._compress(local_d, layout, k))
+                    payloads.append(compress_momentum(local_d, layout, k, self.value_encoding))
 
         gathered = self._exchange(payloads, offset, slots)
 
         for s in slots:
             if s.nbytes == 0:
                 continue
-            idx, vals = unpack_payload(
-                gathered[:, s.offset : s.offset + s.nbytes], s.layout.num_blocks, s.k,
-                s.layout.block_numel, self.value_encoding, _local(s.param).dtype,
-            )
-            decoded = blocks_idct(mean_of_selected(idx, vals, s.layout.block_numel), s.layout)
-            _local(s.param).add_(decoded.sign_(), alpha=-s.lr)
+            payload = gathered[:, s.offset : s.offset + s.nbytes]
+            direction = decode_direction(payload, s.layout, s.k, self.value_encoding, _local(s.param).dtype)
+            _local(s.param).add_(direction, alpha=-s.lr)
         return loss
-
-    def _compress(self, local_d: torch.Tensor, layout: BlockLayout, k: int) -> torch.Tensor:
-        """Top-k of delta's DCT as a packed payload; what is sent leaves delta (error feedback)."""
-        coeffs = blocks_dct(local_d, layout)
-        idx, vals = select_topk(coeffs, k)
-        sent = torch.zeros_like(coeffs).scatter_(1, idx, sent_values(vals, self.value_encoding))
-        local_d.sub_(blocks_idct(sent, layout))
-        return pack_payload(idx, vals, layout.block_numel, self.value_encoding)
 
     def _exchange(self, payloads: list[torch.Tensor], total: int, slots: list[_Slot]) -> torch.Tensor:
         """One all_gather of every parameter's payload: returns ``[replicas, total]`` bytes."""
@@ -210,6 +199,23 @@ class DeMo(torch.optim.Optimizer):
                     layout = block_layout(_local(p).shape, group["compression_chunk"])
                     total += payload_nbytes(layout, group["compression_topk"], self.value_encoding)
         return total
+
+
+def compress_momentum(local_d: torch.Tensor, layout: BlockLayout, k: int, encoding: str) -> torch.Tensor:
+    """Top-k of delta's DCT as a packed payload; what is sent leaves delta (error feedback)."""
+    coeffs = blocks_dct(local_d, layout)
+    idx, vals = select_topk(coeffs, k)
+    sent = torch.zeros_like(coeffs).scatter_(1, idx, sent_values(vals, encoding))
+    local_d.sub_(blocks_idct(sent, layout))
+    return pack_payload(idx, vals, layout.block_numel, encoding)
+
+
+def decode_direction(
+    payloads: torch.Tensor, layout: BlockLayout, k: int, encoding: str, dtype: torch.dtype
+) -> torch.Tensor:
+    """``[replicas, nbytes]`` payloads of one tensor -> ``sign(IDCT(mean over selecting replicas))``."""
+    idx, vals = unpack_payload(payloads, layout.num_blocks, k, layout.block_numel, encoding, dtype)
+    return blocks_idct(mean_of_selected(idx, vals, layout.block_numel), layout).sign_()
 
 
 def _check_hparams(lr, decay, topk, chunk, weight_decay) -> None:

@@ -1,0 +1,24 @@
+"""Offline "embedded default" data for torchtitan: a text corpus built from the
+Python standard library's source files and a byte-level BPE trained on it.
+
+The torchtitan-facing builders (build_dataloader, build_tokenizer) live in
+flexdemo.data.dataloader, which imports torchtitan; this package root does not,
+so `python -m flexdemo.data` stays light.
+"""
+
+from .assets import default_assets_dir, ensure_assets, load_corpus, read_manifest
+from .corpus import build_corpus, list_source_files
+from .tokenizer import BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE, train_tokenizer
+
+__all__ = [
+    "BOS_TOKEN",
+    "EOS_TOKEN",
+    "VOCAB_SIZE",
+    "build_corpus",
+    "default_assets_dir",
+    "ensure_assets",
+    "list_source_files",
+    "load_corpus",
+    "read_manifest",
+    "train_tokenizer",
+]
