@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install flexdemo and what it needs into the current Python (idempotent).
+# On a machine without a GPU and without torch, take the CPU build of torch 2.13.0
+# (an unpinned torch would pull a multi-GB CUDA build); where torch exists, keep it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    "$PY" -m pip install -q "torch>=2.11"
+  else
+    "$PY" -m pip install -q "torch==2.13.0"
+  fi
+fi
+"$PY" -m pip install -q -e ".[test]"
