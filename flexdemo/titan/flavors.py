@@ -1,0 +1,22 @@
+"""Extra model flavors sized for flexdemo's offline corpus (2048-token BPE vocab).
+
+The stock flavors stay available (e.g. llama3 "debugmodel", "8B"); a stock flavor with a
+larger vocab also works with the small tokenizer (unused embedding rows).
+"""
+
+from torchtitan.models.llama3 import TransformerModelArgs
+
+LLAMA3_EXTRA = {
+    # ~77M params: a quick GPU model whose dims are multiples of 64 (whole DCT blocks).
+    "small": TransformerModelArgs(
+        dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=2048,
+        multiple_of=256, rope_theta=500000,
+    ),
+    # Llama-3.2-1B shape (dim 2048, 16 layers, GQA 32/8, ffn 8192) with a 2048 vocab: ~0.98B.
+    "1B": TransformerModelArgs(
+        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=2048,
+        ffn_dim_multiplier=1.5, multiple_of=256, rope_theta=500000,
+    ),
+}
+
+EXTRA_FLAVORS = {"llama3": LLAMA3_EXTRA}

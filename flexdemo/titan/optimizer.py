@@ -1,0 +1,244 @@
+"""build_optimizers_fn for flexdemo train specs.
+
+mode "demo": DeMo on every model part (FSDP-sharded DTensor params; DeMo exchanges
+             compressed momentum over dp_replicate inside step()).
+mode "off":  torchtitan's Adam/AdamW from [optimizer]; replicas are kept equal by HSDP.
+
+Both return a torchtitan ``OptimizersContainer`` subclass, so LR schedulers, DCP
+checkpoints (flattened optimizer state dicts), step hooks and metrics work unchanged.
+The container adds: per-step/cumulative replica-exchange accounting and the
+periodic replica-identity check.
+"""
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+from torchtitan.components.optimizer import OptimizersContainer
+from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.distributed import ParallelDims
+from torchtitan.tools.logging import logger
+
+from . import replicas as rep
+from .config import FlexDemoConfigError, flexdemo_section
+from .grad_scaling import scale_grads_to_replica_mean
+from .parallelize import JOB_CONFIG_ATTR
+
+# Extra key in the (flattened) optimizer state dict: [step, bytes_sent_total, bytes_received_total].
+COUNTERS_KEY = "flexdemo.exchange_counters"
+# DeMo's momentum differs between replicas (own gradients + own error feedback), but its
+# DTensors live on the shard mesh only, so DCP would see equal "global" tensors on every
+# replica and keep just one.  Per-replica keys make every replica's state distinct.
+STATE_PREFIX = "state."
+
+
+def _replica_state_prefix(replica: int) -> str:
+    return f"state@replica{replica}."
+
+
+class FlexOptimizersContainer(OptimizersContainer):
+    def __init__(
+        self,
+        model_parts: list[nn.Module],
+        optimizer_cls: type,
+        optimizer_kwargs: dict[str, Any],
+        *,
+        replicate_group,
+        replica_check_interval: int,
+        modelled_bytes_per_step: int | None,
+        per_replica_state: bool,
+    ) -> None:
+        super().__init__(model_parts, optimizer_cls, optimizer_kwargs)
+        self.replicate_group = replicate_group
+        self.replica_check_interval = replica_check_interval
+        # Mode "off": HSDP all-reduce bytes are modelled (FSDP does the comms, not us).
+        self.modelled_bytes_per_step = modelled_bytes_per_step
+        self.replica_prefix = (
+            _replica_state_prefix(dist.get_rank(replicate_group))
+            if per_replica_state and replicate_group is not None
+            else None
+        )
+        # Byte totals differ per rank in mode "demo" (uneven shards): keep one copy per rank.
+        self.counters_key = COUNTERS_KEY + (f".rank{dist.get_rank()}" if self.replica_prefix else "")
+        self.step_count = 0
+        self.bytes_sent_total = 0
+        self.bytes_received_total = 0
+        self.last_bytes_sent = 0
+        self.last_bytes_received = 0
+        self.last_exchange_seconds: float | None = None
+        self.last_step_seconds = 0.0
+
+    def step(self, *args, **kwargs) -> None:
+        start = time.perf_counter()
+        super().step(*args, **kwargs)
+        self.last_step_seconds = time.perf_counter() - start
+        self.step_count += 1
+        self._account_exchange()
+        if (
+            self.replicate_group is not None
+            and self.replica_check_interval
+            and self.step_count % self.replica_check_interval == 0
+        ):
+            rep.verify_identical(self.model_parts, self.replicate_group, self.step_count)
+
+    def _account_exchange(self) -> None:
+        if self.modelled_bytes_per_step is not None:
+            sent = received = self.modelled_bytes_per_step
+            seconds = None
+        else:
+            sent = sum(int(getattr(o, "last_step_bytes_sent", 0)) for o in self.optimizers)
+            received = sum(int(getattr(o, "last_step_bytes_received", 0)) for o in self.optimizers)
+            seconds = sum(float(getattr(o, "last_step_exchange_seconds", 0.0)) for o in self.optimizers)
+        self.last_bytes_sent, self.last_bytes_received = sent, received
+        self.last_exchange_seconds = seconds
+        self.bytes_sent_total += sent
+        self.bytes_received_total += received
+
+    def exchange_stats(self) -> dict[str, float]:
+        """Replica-dimension traffic of this rank, for the metrics processor."""
+        stats = {
+            "replica_exchange/bytes_sent": self.last_bytes_sent,
+            "replica_exchange/bytes_received": self.last_bytes_received,
+            "replica_exchange/bytes_sent_total": self.bytes_sent_total,
+            "replica_exchange/bytes_received_total": self.bytes_received_total,
+            "replica_exchange/optimizer_step(s)": self.last_step_seconds,
+        }
+        if self.last_exchange_seconds is not None:
+            stats["replica_exchange/exchange(s)"] = self.last_exchange_seconds
+        return stats
+
+    # -- checkpointing: torchtitan's flattened optimizer state + our counters --------
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        if self.replica_prefix:
+            sd = {_swap_prefix(k, STATE_PREFIX, self.replica_prefix): v for k, v in sd.items()}
+        sd[self.counters_key] = torch.tensor(
+            [self.step_count, self.bytes_sent_total, self.bytes_received_total], dtype=torch.int64
+        )
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        counters = state_dict.pop(self.counters_key, None)
+        if self.replica_prefix:
+            state_dict = {_swap_prefix(k, self.replica_prefix, STATE_PREFIX): v for k, v in state_dict.items()}
+        super().load_state_dict(state_dict)
+        if counters is not None:
+            self.step_count, self.bytes_sent_total, self.bytes_received_total = (
+                int(x) for x in counters.tolist()
+            )
+
+
+def _swap_prefix(key: str, old: str, new: str) -> str:
+    return new + key[len(old):] if key.startswith(old) else key
+
+
+def _replicate_group(parallel_dims: ParallelDims):
+    mesh = parallel_dims.get_optional_mesh("dp_replicate")
+    return None if mesh is None else mesh.get_group()
+
+
+def _job_config(model_parts: list[nn.Module]):
+    job_config = getattr(model_parts[0], JOB_CONFIG_ATTR, None)
+    if job_config is None:
+        raise FlexDemoConfigError(
+            "flexdemo optimizer builder needs a model parallelized by a flexdemo train spec "
+            "(use [model] name = 'flexdemo_llama3' / 'flexdemo_qwen3')"
+        )
+    return job_config
+
+
+def _adam_kwargs(optimizer_config) -> tuple[type, dict[str, Any]]:
+    """Same optimizer and kwargs as torchtitan's stock build_optimizers."""
+    classes = {"Adam": torch.optim.Adam, "AdamW": torch.optim.AdamW}
+    if optimizer_config.name not in classes:
+        raise FlexDemoConfigError(
+            f"[flexdemo] mode='off' supports optimizer.name in {sorted(classes)}, got {optimizer_config.name!r}"
+        )
+    impl = optimizer_config.implementation
+    return classes[optimizer_config.name], {
+        "lr": optimizer_config.lr,
+        "betas": (optimizer_config.beta1, optimizer_config.beta2),
+        "eps": optimizer_config.eps,
+        "weight_decay": optimizer_config.weight_decay,
+        "fused": impl == "fused",
+        "foreach": impl == "foreach",
+    }
+
+
+def _modelled_hsdp_allreduce_bytes(model_parts, parallel_dims: ParallelDims, reduce_dtype) -> int:
+    """Bytes one rank sends (= receives) per step in HSDP's ring all-reduce over replicas."""
+    r = parallel_dims.dp_replicate
+    if r == 1:
+        return 0
+    shards = parallel_dims.dp_shard * parallel_dims.cp
+    elem = torch.empty((), dtype=reduce_dtype).element_size()
+    numel = 0
+    for part in model_parts:
+        for p in part.parameters():
+            if isinstance(p, DTensor):  # FSDP all-reduces the dim-0 padded shard
+                rows = -(-p.shape[0] // shards) if p.dim() else 1
+                numel += rows * (p.numel() // max(p.shape[0], 1) if p.dim() else 1)
+            else:
+                numel += p.numel()
+    return 2 * (r - 1) * numel * elem // r
+
+
+def build_flexdemo_optimizers(
+    model_parts: list[nn.Module],
+    optimizer_config,
+    parallel_dims: ParallelDims,
+    ft_manager=None,
+) -> FlexOptimizersContainer:
+    job_config = _job_config(model_parts)
+    cfg = flexdemo_section(job_config)
+    group = _replicate_group(parallel_dims)
+
+    if cfg.mode == "off":
+        cls, kwargs = _adam_kwargs(optimizer_config)
+        modelled = _modelled_hsdp_allreduce_bytes(
+            model_parts, parallel_dims, TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce]
+        )
+        logger.info(f"flexdemo: mode=off, {optimizer_config.name} + stock HSDP")
+        return FlexOptimizersContainer(
+            model_parts, cls, kwargs,
+            replicate_group=group,
+            replica_check_interval=cfg.replica_check_interval,
+            modelled_bytes_per_step=modelled,
+            per_replica_state=False,  # HSDP keeps AdamW state identical across replicas
+        )
+
+    # mode "demo": replicas must start identical, and see replica-mean gradients.
+    if group is not None:
+        if cfg.init_sync == "broadcast":
+            rep.broadcast_from_replica0(model_parts, group)
+            logger.info("flexdemo: broadcast initial params from replica 0")
+        elif cfg.init_sync == "verify":
+            rep.verify_identical(model_parts, group, step=0)
+    scale_grads_to_replica_mean(model_parts, parallel_dims.dp_replicate)
+
+    from flexdemo.optim import DeMo
+
+    kwargs = {
+        "lr": optimizer_config.lr,
+        "compression_decay": cfg.decay,
+        "compression_topk": cfg.topk,
+        "compression_chunk": cfg.chunk,
+        "weight_decay": cfg.weight_decay,
+        "replicate_group": group,
+        "value_encoding": cfg.value_encoding,
+    }
+    logger.info(
+        f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
+        f"values={cfg.value_encoding}) over dp_replicate={parallel_dims.dp_replicate}"
+    )
+    return FlexOptimizersContainer(
+        model_parts, DeMo, kwargs,
+        replicate_group=group,
+        replica_check_interval=cfg.replica_check_interval,
+        modelled_bytes_per_step=None,
+        per_replica_state=True,
+    )

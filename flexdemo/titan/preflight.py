@@ -1,0 +1,48 @@
+"""``python -m flexdemo.titan.preflight CONFIG.toml [--section.key v ...]``
+
+Run once per node by scripts/launch.sh before torchrun, so a bad config fails in one
+process with one message instead of in every rank:
+  1. pick the process count (NPROC env, else #GPUs, else 4 CPU processes),
+  2. validate the config for the final world size (NNODES x NPROC),
+  3. build the data assets once (FLEXDEMO_ASSETS dir; "none" = skip).
+Prints ``FD_NGPU=..``, ``FD_NPROC=..``, ``FD_ASSETS=..`` lines for the shell.
+"""
+
+import os
+import shlex
+import sys
+
+CPU_DEFAULT_NPROC = 4
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("usage: python -m flexdemo.titan.preflight CONFIG.toml [overrides]", file=sys.stderr)
+        sys.exit(2)
+    config, overrides = argv[0], argv[1:]
+
+    import torch
+
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nproc = int(os.environ.get("NPROC") or ngpu or CPU_DEFAULT_NPROC)
+    world = nproc * int(os.environ.get("NNODES") or 1)
+
+    from .run import check_config_or_exit
+
+    check_config_or_exit(["--job.config_file", config, *overrides], world)
+
+    assets = os.environ.get("FLEXDEMO_ASSETS", "")
+    if assets != "none":
+        from flexdemo.data import ensure_assets
+
+        assets = ensure_assets(assets or None)
+    else:
+        assets = ""
+    print(f"FD_NGPU={ngpu}")
+    print(f"FD_NPROC={nproc}")
+    print(f"FD_ASSETS={shlex.quote(str(assets))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Entry point: ``python -m flexdemo.titan.run --job.config_file X.toml [--section.key v ...]``.
+
+Same CLI as ``python -m torchtitan.train``.  Before torchtitan starts it
+1. applies the CPU shim when there is no GPU (and only then),
+2. parses and validates the config, so a bad config exits non-zero with one
+   clear message before any process group or model exists.
+Then it runs torchtitan's stock trainer main with the stock Trainer.
+"""
+
+import os
+import sys
+
+from . import cpu_shim
+
+CONFIG_ERROR_EXIT = 2
+
+
+def check_config(argv: list[str], world_size: int | None) -> None:
+    """Parse like torchtitan does and run flexdemo's checks; raises on a bad config."""
+    from torchtitan.config import ConfigManager
+
+    from .config import validate_job_config
+
+    job_config = ConfigManager().parse_args(argv)
+    if hasattr(job_config, "flexdemo"):
+        validate_job_config(job_config, world_size)
+
+
+def check_config_or_exit(argv: list[str], world_size: int | None) -> None:
+    from .config import FlexDemoConfigError
+
+    try:
+        check_config(argv, world_size)
+    except FlexDemoConfigError as e:
+        _exit_config_error(str(e))
+    except (ValueError, FileNotFoundError) as e:  # torchtitan's own config errors
+        _exit_config_error(f"config error: {e}")
+
+
+def _exit_config_error(msg: str) -> None:
+    print(f"flexdemo: {msg}", file=sys.stderr, flush=True)
+    sys.exit(CONFIG_ERROR_EXIT)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if cpu_shim.needed():
+        cpu_shim.apply()
+    world = os.environ.get("WORLD_SIZE")
+    check_config_or_exit(argv, int(world) if world else None)
+
+    from torchtitan.train import main as titan_main, Trainer
+
+    sys.argv = [sys.argv[0], *argv]
+    titan_main(Trainer)
+
+
+if __name__ == "__main__":
+    main()

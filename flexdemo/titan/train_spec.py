@@ -1,0 +1,38 @@
+"""flexdemo TrainSpecs: a stock torchtitan family with flexdemo's parallelize,
+optimizer, tokenizer/dataloader and metrics builders swapped in; model, loss, LR
+schedulers, validator, pipelining and state-dict adapter are the family's own."""
+
+import dataclasses
+
+from torchtitan.protocols.train_spec import TrainSpec
+
+from .data import build_flexdemo_dataloader, build_flexdemo_tokenizer
+from .flavors import EXTRA_FLAVORS
+from .metrics import build_flexdemo_metrics_processor
+from .optimizer import build_flexdemo_optimizers
+from .parallelize import wrap_parallelize
+
+# flexdemo spec name -> torchtitan model family it wraps (all shipped in 0.2.2).
+FAMILIES = {
+    "flexdemo_llama3": "llama3",
+    "flexdemo_qwen3": "qwen3",
+}
+
+
+def flexdemo_spec(base: TrainSpec, extra_flavors=None) -> TrainSpec:
+    return dataclasses.replace(
+        base,
+        model_args={**base.model_args, **(extra_flavors or {})},
+        parallelize_fn=wrap_parallelize(base.parallelize_fn),
+        build_optimizers_fn=build_flexdemo_optimizers,
+        build_dataloader_fn=build_flexdemo_dataloader,
+        build_tokenizer_fn=build_flexdemo_tokenizer,
+        build_metrics_processor_fn=build_flexdemo_metrics_processor,
+    )
+
+
+def family_spec(family: str) -> TrainSpec:
+    from importlib import import_module
+
+    base = import_module(f"torchtitan.models.{family}").get_train_spec()
+    return flexdemo_spec(base, EXTRA_FLAVORS.get(family))

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# flexdemo launcher: torchrun + torchtitan 0.2.2 through `python -m flexdemo.titan.run`.
+#
+#   scripts/launch.sh CONFIG.toml [--section.key value ...]
+#
+# Environment (all optional):
+#   NPROC        processes on this node   (default: #GPUs; 4 on a CPU-only machine)
+#   NNODES       number of nodes          (default 1)
+#   NODE_RANK    this node's index        (default 0)
+#   MASTER_ADDR  node 0's address         (default 127.0.0.1)
+#   MASTER_PORT  rendezvous port          (default 29500)
+#   LOG_RANK     local ranks whose output is shown, e.g. 0 or 0,1,2,3 (default 0)
+#   LOG_DIR      also keep every local rank's full output in files under this dir
+#                (torchrun --log-dir: LOG_DIR/<run id>/attempt_0/<local rank>/stdout.log)
+#   FLEXDEMO_ASSETS  corpus+tokenizer dir; built once here, before torchrun
+#                    (default: ~/.cache/flexdemo/...; "none" = keep the config's own
+#                    hf_assets_path, e.g. for a real HF tokenizer)
+#
+# Without a GPU it runs on CPU with gloo (OMP_NUM_THREADS=1 unless set).
+set -euo pipefail
+
+CONFIG=${1:?usage: scripts/launch.sh CONFIG.toml [--section.key value ...]}
+shift
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+
+NNODES=${NNODES:-1}
+NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+MASTER_PORT=${MASTER_PORT:-29500}
+LOG_RANK=${LOG_RANK:-0}
+
+# Pre-flight in ONE process: process count, config validation for the final world
+# size (a bad config fails here, once, before any rank starts), data assets built once.
+PRE=$("$PYTHON" -m flexdemo.titan.preflight "$CONFIG" "$@")
+eval "$(grep '^FD_' <<<"$PRE")"
+NPROC=$FD_NPROC
+if [[ "$FD_NGPU" -eq 0 ]]; then
+  # CPU fallback: flexdemo.titan.run applies its CPU shim; torchtitan picks gloo for "cpu".
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  echo "launch.sh: no GPU found, running $NPROC CPU processes with gloo" >&2
+fi
+ASSET_ARGS=()
+if [[ -n "$FD_ASSETS" ]]; then
+  ASSET_ARGS=(--model.hf_assets_path "$FD_ASSETS")
+fi
+
+exec torchrun \
+  --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC" \
+  --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
+  --local-ranks-filter "$LOG_RANK" --role rank --tee 3 ${LOG_DIR:+--log-dir "$LOG_DIR"} \
+  -m flexdemo.titan.run --job.config_file "$CONFIG" "${ASSET_ARGS[@]}" "$@"

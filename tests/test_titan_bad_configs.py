@@ -1,0 +1,71 @@
+"""Bad configs fail fast through scripts/launch.sh: non-zero exit, one clear message,
+no hang (each run is bounded by a timeout), before any training step."""
+
+import pytest
+
+from titan_launch import CONFIGS, launch
+
+DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
+
+CASES = {
+    "replicate_not_dividing_world": (
+        ["--parallelism.data_parallel_replicate_degree", "3"],
+        "data_parallel_replicate_degree=3 (x tp*pp*cp=1) does not divide the world size 4",
+    ),
+    "tp_with_demo": (
+        ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
+        "mode='demo' supports data parallelism only",
+    ),
+    "pp_with_demo": (
+        ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
+        "parallelism.pipeline_parallel_degree=2",
+    ),
+    "unknown_value": (["--flexdemo.value_encoding", "int4"], "value_encoding='int4'"),
+    "unknown_mode": (["--flexdemo.mode", "diloco"], "mode='diloco'"),
+    "topk_larger_than_block": (["--flexdemo.topk", "5000"], "topk=5000 is larger than a"),
+}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    from flexdemo.data import ensure_assets
+
+    return ensure_assets(tmp_path_factory.mktemp("assets") / "stdlib")
+
+
+def _check_fails(run, message):
+    assert run.returncode != 0, run.output[-3000:]
+    flat = " ".join(run.output.replace("│", " ").split())  # undo tyro's box wrapping
+    assert message in flat, run.output[-3000:]
+    assert "step:" not in run.output  # failed before training
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_config_fails_fast(name, tmp_path, assets):
+    overrides, message = CASES[name]
+    run = launch(DEMO, tmp_path / "dump", *overrides, assets=assets, timeout=120)
+    _check_fails(run, message)
+
+
+def test_unknown_flexdemo_key_in_toml(tmp_path, assets):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(DEMO.read_text().replace("[flexdemo]\n", "[flexdemo]\ntop_k = 8\n"))
+    run = launch(bad, tmp_path / "dump", assets=assets, timeout=120)
+    _check_fails(run, "Invalid field names in <class 'flexdemo.titan.config.FlexDemo'> data: {'top_k'}")
+
+
+def test_bad_config_direct_torchrun_without_launcher(tmp_path, assets):
+    """The per-rank check in flexdemo.titan.run also stops a plain torchrun launch."""
+    import os
+    import subprocess
+    import sys
+
+    from titan_launch import REPO, free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(free_port()), "-m", "flexdemo.titan.run",
+           "--job.config_file", str(DEMO), "--flexdemo.topk", "0"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "topk=0; expected an integer >= 1" in " ".join((proc.stdout + proc.stderr).replace("│", " ").split())

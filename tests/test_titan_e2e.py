@@ -1,0 +1,165 @@
+"""End to end on CPU: torchtitan 0.2.2's stock trainer through the flexdemo plugin,
+4 gloo processes = 2 replicas x 2 FSDP shards, launched by scripts/launch.sh.
+
+Slow (each launch pays ~1 min of imports on 2 cores); the module shares one 20-step
+demo run between the tests that only read its logs/checkpoints.
+"""
+
+import shutil
+
+import pytest
+import torch
+
+from titan_launch import CONFIGS, launch
+
+STEPS, CKPT_STEP = 20, 10
+DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
+HSDP = CONFIGS / "cpu_2x2_hsdp_adamw.toml"
+RUN_TIMEOUT = 400
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    from flexdemo.data import ensure_assets
+
+    return ensure_assets(tmp_path_factory.mktemp("assets") / "stdlib")
+
+
+def _demo_overrides():
+    return (
+        "--training.steps", str(STEPS),
+        "--checkpoint.enable",
+        "--checkpoint.interval", str(CKPT_STEP),
+        "--flexdemo.replica_check_interval", str(CKPT_STEP),
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, assets):
+    run = launch(DEMO, tmp_path_factory.mktemp("demo"), *_demo_overrides(),
+                 assets=assets, timeout=RUN_TIMEOUT)
+    assert run.returncode == 0, run.output[-6000:]
+    return run
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_demo_loss_falls(demo_run):
+    losses = demo_run.losses(rank=0)
+    assert sorted(losses) == list(range(1, STEPS + 1)), losses
+    first = _mean([losses[s] for s in range(1, 5)])
+    last = _mean([losses[s] for s in range(STEPS - 3, STEPS + 1)])
+    assert last < first - 0.3, f"loss did not fall: first4={first:.3f} last4={last:.3f} {losses}"
+
+
+def test_demo_replicas_bit_identical(demo_run):
+    # Verified in-run by flexdemo.replica_check at steps 10 and 20 (a mismatch stops the
+    # run), and independently here from the per-rank digests of the local shards.
+    d = demo_run.digests()
+    for step in (CKPT_STEP, STEPS):
+        assert {r for r, s in d if s == step} == {0, 1, 2, 3}, d
+        # rank = replica * 2 + shard: ranks 0/2 hold shard 0, ranks 1/3 shard 1.
+        assert d[(0, step)] == d[(2, step)]
+        assert d[(1, step)] == d[(3, step)]
+        assert d[(0, step)] != d[(1, step)]
+    assert d[(0, CKPT_STEP)] != d[(0, STEPS)]  # and the params did change
+
+
+def _expected_bytes_per_step(shard: int, shards: int = 2, chunk: int = 64, topk: int = 32) -> int:
+    """sum over params of the codec payload of this rank's FSDP shard (dim 0, torch.chunk)."""
+    from torchtitan.models.llama3 import llama3_args, Transformer
+
+    from flexdemo.codec import payload_nbytes
+    from flexdemo.dct import block_layout
+
+    with torch.device("meta"):
+        model = Transformer(llama3_args["debugmodel"])
+    total = 0
+    for p in model.parameters():
+        rows = -(-p.shape[0] // shards)
+        local_rows = max(0, min(p.shape[0], (shard + 1) * rows) - shard * rows)
+        local = (local_rows, *p.shape[1:])
+        total += payload_nbytes(block_layout(local, chunk), topk, "sign")
+    return total
+
+
+def test_demo_logged_bytes_match_formula(demo_run):
+    replicas = 2
+    for rank in range(4):
+        xchg = demo_run.exchange(rank)
+        assert sorted(xchg) == list(range(1, STEPS + 1)), xchg
+        expected = _expected_bytes_per_step(shard=rank % 2)
+        for step, (sent, recv, sent_total, recv_total) in xchg.items():
+            assert sent == expected, (rank, step, sent, expected)
+            assert recv == (replicas - 1) * expected
+            assert sent_total == step * expected
+            assert recv_total == step * (replicas - 1) * expected
+    # Sanity: ~52 B per 4096 fp32 values (12-bit indices + sign bits) vs 16 KiB dense.
+    n_local = sum(p.numel() for p in _meta_params()) / 2
+    assert _expected_bytes_per_step(0) < 0.01 * 4 * n_local
+
+
+def _meta_params():
+    from torchtitan.models.llama3 import llama3_args, Transformer
+
+    with torch.device("meta"):
+        return list(Transformer(llama3_args["debugmodel"]).parameters())
+
+
+def _load_dcp(path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = path.parent / (path.name + ".pt")
+    dcp_to_torch_save(str(path), str(out))
+    return torch.load(out, weights_only=False)
+
+
+def test_demo_resume_is_bit_identical(demo_run, tmp_path, assets):
+    # Restart from the step-10 checkpoint of the 20-step run and train to 20 again.
+    src = demo_run.dump / "checkpoint" / f"step-{CKPT_STEP}"
+    assert src.is_dir(), list((demo_run.dump / "checkpoint").iterdir())
+    dump = tmp_path / "resumed"
+    shutil.copytree(src, dump / "checkpoint" / f"step-{CKPT_STEP}")
+    run = launch(DEMO, dump, *_demo_overrides(), assets=assets, timeout=RUN_TIMEOUT)
+    assert run.returncode == 0, run.output[-6000:]
+    ref, got = demo_run.losses(0), run.losses(0)
+    assert min(got) == CKPT_STEP + 1, sorted(got)  # it really resumed
+    # Same losses for the overlapping steps ...
+    for step in range(CKPT_STEP + 1, STEPS + 1):
+        assert got[step] == ref[step], (step, got[step], ref[step])
+    # ... and bit-identical final parameters.
+    a = _load_dcp(demo_run.dump / "checkpoint" / f"step-{STEPS}")
+    b = _load_dcp(dump / "checkpoint" / f"step-{STEPS}")
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+
+
+def test_hsdp_adamw_baseline_runs(tmp_path, assets):
+    run = launch(HSDP, tmp_path / "hsdp", "--training.steps", "12",
+                 "--flexdemo.replica_check_interval", "12", assets=assets, timeout=RUN_TIMEOUT)
+    assert run.returncode == 0, run.output[-6000:]
+    losses = run.losses(0)
+    assert sorted(losses) == list(range(1, 13))
+    assert _mean([losses[s] for s in (10, 11, 12)]) < _mean([losses[s] for s in (1, 2, 3)]) - 0.2, losses
+    d = run.digests()
+    assert d[(0, 12)] == d[(2, 12)] and d[(1, 12)] == d[(3, 12)]
+    assert "modelled HSDP ring all-reduce" in run.output
+
+
+def test_demo_tensorboard_has_exchange_metrics(demo_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((demo_run.dump / "tb").rglob("events.out.tfevents.*"))
+    assert events, "no TensorBoard event file"
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("replica_exchange/bytes_sent", "replica_exchange/bytes_received",
+                "replica_exchange/bytes_sent_total", "replica_exchange/exchange(s)"):
+        assert tag in tags, sorted(tags)
+    sent = [e.value for e in acc.Scalars("replica_exchange/bytes_sent")]
+    assert len(sent) == STEPS and sent[0] == _expected_bytes_per_step(shard=0)

@@ -1,0 +1,90 @@
+"""Helpers for the torchtitan end-to-end tests: run scripts/launch.sh, parse its logs."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH = REPO / "scripts" / "launch.sh"
+CONFIGS = REPO / "train_configs"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+STEP_RE = re.compile(r" - INFO - step:\s*(\d+)\s+loss:\s*(\S+)\s+grad_norm:\s*(\S+)")
+XCHG_RE = re.compile(
+    r"flexdemo step:\s*(\d+)\s+sent_bytes: (\d+)\s+received_bytes: (\d+)\s+"
+    r"sent_bytes_total: (\d+)\s+received_bytes_total: (\d+)"
+)
+DIGEST_RE = re.compile(r"replicas identical at step (\d+) \(local param digest (\w+)\)")
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str  # console: launcher + rank 0 (ranks' lines may interleave; don't parse)
+    dump: Path
+    log_dir: Path  # torchrun --log-dir: one stdout/stderr file pair per rank
+
+    def rank_lines(self, rank: int) -> list[str]:
+        """Rank `rank`'s own output, line-intact (single node: rank == local rank)."""
+        lines = []
+        for f in sorted(self.log_dir.glob(f"*/attempt_*/{rank}/std*.log")):
+            lines += ANSI.sub("", f.read_text(errors="replace")).splitlines()
+        return lines
+
+    def losses(self, rank: int = 0) -> dict[int, float]:
+        out = {}
+        for line in self.rank_lines(rank):
+            if m := STEP_RE.search(line):
+                out[int(m.group(1))] = float(m.group(2))
+        return out
+
+    def exchange(self, rank: int) -> dict[int, tuple[int, int, int, int]]:
+        out = {}
+        for line in self.rank_lines(rank):
+            if m := XCHG_RE.search(line):
+                out[int(m.group(1))] = tuple(int(g) for g in m.groups()[1:])
+        return out
+
+    def digests(self, ranks=range(4)) -> dict[tuple[int, int], str]:
+        """(rank, step) -> local param digest logged by the replica check."""
+        out = {}
+        for rank in ranks:
+            for line in self.rank_lines(rank):
+                if m := DIGEST_RE.search(line):
+                    out[(rank, int(m.group(1)))] = m.group(2)
+        return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeout: float,
+           nproc: int = 4) -> Run:
+    """Run scripts/launch.sh (all ranks' output kept); kill the whole group on timeout."""
+    env = {
+        **os.environ,
+        "NPROC": str(nproc),
+        "LOG_RANK": "0",
+        "LOG_DIR": str(dump / "torchrun_logs"),
+        "MASTER_PORT": str(free_port()),
+        "FLEXDEMO_ASSETS": str(assets),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = ["bash", str(LAUNCH), str(config), "--job.dump_folder", str(dump),
+           "--metrics.disable_color_printing", *overrides]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"launch timed out after {timeout}s:\n{out[-5000:]}")
+    return Run(proc.returncode, out, dump, dump / "torchrun_logs")
