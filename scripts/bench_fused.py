@@ -1,0 +1,243 @@
+"""Fused (Triton) codec benchmark on the tensors of scripts/bench_codec.py.
+
+Per tensor of rank 0's FSDP shard of llama3-8B it times what one replica does each step:
+
+  encode: fused_encode (momentum update + DCT + top-k + error feedback, one launch) + pack_payload
+  encode_fused_pack: fused_encode + fused_pack_payload (Triton bit packing, same bytes)
+  decode: unpack_payload + mean_of_selected + fused_decode_update (IDCT + sign + param update)
+  decode_all_fused: fused_unpack_payload + fused_mean_decode_update (no dense mean either)
+
+Tensors the fused kernels do not support (1-D norms) take the torch path in every column. The
+torch path is timed too (same card, same run), and before timing the first tensor is checked
+against the torch path (max differences printed to stderr).
+
+  python3 scripts/bench_fused.py --device cuda --layers 32 --embeddings
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_codec import llama3_8b_shapes, shard_shape  # noqa: E402
+
+from flexdemo.codec import mean_of_selected, pack_payload, select_topk, sent_values, unpack_payload  # noqa: E402
+from flexdemo.dct import block_layout, blocks_dct, blocks_idct  # noqa: E402
+from flexdemo.fused_codec import (  # noqa: E402
+    fused_decode_update,
+    fused_encode,
+    fused_mean_decode_update,
+    fused_pack_payload,
+    fused_supported,
+    fused_unpack_payload,
+)
+from flexdemo.optim import compress_momentum, decode_direction  # noqa: E402
+
+LR, DECAY, PARAM_LR = 1e-3, 0.999, 1e-2
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device, iters):
+    fn()  # warm-up: Triton compiles, basis caches, allocator
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / iters
+
+
+def verify(delta, grad, layout, k, encoding, precision, replicas) -> dict:
+    """Fused vs torch on one tensor: index sets, values, updated delta, updated params."""
+    d_ref, d_fused = delta.clone(), delta.clone()
+    d_ref.mul_(DECAY).add_(grad, alpha=LR)
+    coeffs = blocks_dct(d_ref, layout)
+    ref_idx, ref_vals = select_topk(coeffs, k)
+    sent = torch.zeros_like(coeffs).scatter_(1, ref_idx, sent_values(ref_vals, encoding))
+    d_ref.sub_(blocks_idct(sent, layout))
+    idx, vals = fused_encode(d_fused, grad, LR, DECAY, layout, k, encoding, precision=precision)
+
+    ref_sorted, order = ref_idx.sort(1)
+    same_sets = (idx.long() == ref_sorted).all(1)
+    val_diff = (vals - ref_vals.gather(1, order))[same_sets].abs().max().item() if same_sets.any() else float("nan")
+
+    # Decode: W replicas (ours plus shifted copies, so coefficients overlap only partly).
+    g_idx = torch.stack([idx.long().roll(w, 0) for w in range(replicas)])
+    g_vals = torch.stack([vals.roll(w, 0) * (w + 1) for w in range(replicas)])
+    param = torch.randn_like(delta)
+    dense = mean_of_selected(g_idx, g_vals, layout.block_numel)
+    direction = blocks_idct(dense, layout)
+    p_ref = param.add(direction.sign(), alpha=-PARAM_LR)
+    p1, p2 = param.clone(), param.clone()
+    fused_decode_update(p1, dense, PARAM_LR, layout, precision=precision)
+    fused_mean_decode_update(p2, g_idx, g_vals, PARAM_LR, layout, precision=precision)
+    near_zero = direction.abs() <= 1e-5 * direction.abs().max()
+    payload = pack_payload(idx, vals, layout.block_numel, encoding)
+    gathered = torch.stack([payload, payload.flip(0)])  # any bytes: a bit-exact round trip check
+    u_ref = unpack_payload(gathered, layout.num_blocks, k, layout.block_numel, encoding, torch.float32)
+    u_got = fused_unpack_payload(gathered, layout.num_blocks, k, layout.block_numel, encoding)
+    return {
+        "pack_bytes_equal": bool(torch.equal(fused_pack_payload(idx, vals, layout.block_numel, encoding), payload)),
+        "unpack_equal": bool(torch.equal(u_got[0].long(), u_ref[0]) and torch.equal(u_got[1], u_ref[1])),
+        "shape": list(delta.shape),
+        "blocks": layout.num_blocks,
+        "blocks_with_same_index_set": int(same_sets.sum()),
+        "max_abs_val_diff": val_diff,
+        "max_abs_val": ref_vals.abs().max().item(),
+        "max_abs_delta_diff": (d_fused - d_ref).abs().max().item(),
+        "max_abs_delta": d_ref.abs().max().item(),
+        "param_mismatches_decode": int((p1 != p_ref).sum()),
+        "param_mismatches_mean_decode": int((p2 != p_ref).sum()),
+        "param_mismatches_away_from_zero": int(((p1 != p_ref) & ~near_zero).sum() + ((p2 != p_ref) & ~near_zero).sum()),
+    }
+
+
+def bench(args) -> dict:
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    shapes = [shard_shape(s, args.shards) for s in llama3_8b_shapes(args.layers, args.embeddings)]
+    layouts = [block_layout(s, args.chunk) for s in shapes]
+    ks = [min(args.topk, L.block_numel) for L in layouts]
+    fused = [fused_supported(L, device) for L in layouts]
+    deltas = [torch.randn(s, device=device) for s in shapes]
+    grads = [torch.randn(s, device=device) for s in shapes]
+    params = [torch.randn(s, device=device) for s in shapes]
+    numel = sum(d.numel() for d in deltas)
+    enc, prec, W = args.encoding, args.precision, args.replicas
+
+    first = next(i for i, f in enumerate(fused) if f)
+    check = verify(deltas[first], grads[first], layouts[first], ks[first], enc, prec, W)
+    print(json.dumps({"verify": check}), file=sys.stderr)
+
+    def floor():
+        for d in deltas:
+            d.mul_(1.0)
+
+    def encode(fused_pack: bool):
+        def run():
+            out = []
+            for d, g, L, k, f in zip(deltas, grads, layouts, ks, fused):
+                if f:
+                    idx, vals = fused_encode(d, g, LR, DECAY, L, k, enc, precision=prec)
+                    pack = fused_pack_payload if fused_pack else pack_payload
+                    out.append(pack(idx, vals, L.block_numel, enc))
+                else:
+                    d.mul_(DECAY).add_(g, alpha=LR)
+                    out.append(compress_momentum(d, L, k, enc))
+            return out
+        return run
+
+    def encode_torch():
+        for d, g, L, k in zip(deltas, grads, layouts, ks):
+            d.mul_(DECAY).add_(g, alpha=LR)
+            compress_momentum(d, L, k, enc)
+
+    payloads = encode(False)()
+    gathered = [p.unsqueeze(0).expand(W, -1).contiguous() for p in payloads]
+
+    def decode(all_fused: bool):
+        def run():
+            for p, g, L, k, f in zip(params, gathered, layouts, ks, fused):
+                if not f:
+                    p.add_(decode_direction(g, L, k, enc, torch.float32), alpha=-PARAM_LR)
+                elif all_fused:
+                    idx, vals = fused_unpack_payload(g, L.num_blocks, k, L.block_numel, enc)
+                    fused_mean_decode_update(p, idx, vals, PARAM_LR, L, precision=prec)
+                else:
+                    idx, vals = unpack_payload(g, L.num_blocks, k, L.block_numel, enc, torch.float32)
+                    fused_decode_update(p, mean_of_selected(idx, vals, L.block_numel), PARAM_LR, L, precision=prec)
+        return run
+
+    def decode_torch():
+        for p, g, L, k in zip(params, gathered, layouts, ks):
+            p.add_(decode_direction(g, L, k, enc, torch.float32), alpha=-PARAM_LR)
+
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            encode(False)()
+            encode(True)()
+            decode(False)()
+            decode(True)()
+            _sync(device)
+        key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=25), file=sys.stderr)
+
+    t_floor = _timed(floor, device, args.iters)
+    t_enc = _timed(encode(False), device, args.iters)
+    t_enc_fp = _timed(encode(True), device, args.iters)
+    t_dec = _timed(decode(False), device, args.iters)
+    t_dec_all = _timed(decode(True), device, args.iters)
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "measured_tensors": len(shapes),
+        "fused_tensors": sum(fused),
+        "measured_elements": numel,
+        "fused_elements": sum(d.numel() for d, f in zip(deltas, fused) if f),
+        "shards": args.shards,
+        "replicas": W,
+        "topk": args.topk,
+        "chunk": args.chunk,
+        "encoding": enc,
+        "precision": prec,
+        "verify": check,
+        "floor_ms": t_floor * 1e3,
+        "encode_ms": t_enc * 1e3,
+        "encode_fused_pack_ms": t_enc_fp * 1e3,
+        "decode_ms": t_dec * 1e3,
+        "decode_all_fused_ms": t_dec_all * 1e3,
+        "encode_plus_decode_over_floor": (t_enc + t_dec) / t_floor,
+        "all_fused_encode_plus_decode_over_floor": (t_enc_fp + t_dec_all) / t_floor,
+    }
+    if not args.no_torch:
+        t_enc_t = _timed(encode_torch, device, args.iters)
+        t_dec_t = _timed(decode_torch, device, args.iters)
+        result.update({
+            "torch_encode_ms": t_enc_t * 1e3,
+            "torch_decode_ms": t_dec_t * 1e3,
+            "torch_encode_plus_decode_over_floor": (t_enc_t + t_dec_t) / t_floor,
+        })
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--layers", type=int, default=1, help="transformer layers to time")
+    ap.add_argument("--embeddings", action="store_true", help="also time the embedding and output shards")
+    ap.add_argument("--shards", type=int, default=8, help="FSDP shards per node (rank 0's shard is timed)")
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--topk", type=int, default=32)
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--encoding", default="sign", choices=["sign", "bf16", "fp32"])
+    ap.add_argument("--precision", default="ieee", choices=["ieee", "tf32x3", "tf32"],
+                    help="tl.dot input precision in the fused kernels")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--no-torch", action="store_true", help="skip timing the torch path")
+    ap.add_argument("--profile", action="store_true", help="print the top kernels of one encode+decode")
+    ap.add_argument("--json", help="also write the result here")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False  # the torch path in fp32, as in bench_codec's default
+    result = bench(args)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Fused Triton codec vs the torch path, on CPU through the Triton interpreter.
+
+Needs TRITON_INTERPRET=1 in the environment of the whole run (Triton consults it both when
+kernels are decorated and when they launch), so it is not set here, which would leak into
+every later test of the session; without it the module skips:
+
+    TRITON_INTERPRET=1 python3 -m pytest tests/test_fused_codec.py -q
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from flexdemo.codec import mean_of_selected, pack_payload, select_topk, sent_values, unpack_payload
+from flexdemo.dct import block_layout, blocks_dct, blocks_idct
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("needs TRITON_INTERPRET=1 (Triton interpreter on CPU) for the whole pytest run",
+                allow_module_level=True)
+try:
+    from flexdemo import fused_codec as fc
+except Exception as e:  # pragma: no cover
+    pytest.skip(f"triton unavailable: {e}", allow_module_level=True)
+if not (fc._HAVE_TRITON and fc._INTERPRET):
+    pytest.skip("triton unavailable, or flexdemo.fused_codec imported before TRITON_INTERPRET was set",
+                allow_module_level=True)
+
+DEV = torch.device("cpu")
+LR, DECAY = 1e-3, 0.9
+
+# (shape, chunk, k): 64x64 blocks, 32x32, a 3-D tensor (lead > 1), 48-row blocks (padded),
+# and 16x16 blocks with k at its extremes.
+CASES = [
+    ((128, 192), 64, 32),
+    ((128, 192), 64, 1),
+    ((64, 32), 32, 5),
+    ((2, 32, 64), 32, 32),
+    ((96, 64), 64, 5),
+    ((32, 48), 16, 256),
+]
+
+
+def _torch_encode(delta, grad, layout, k, encoding):
+    d = delta.clone().mul_(DECAY)
+    if grad is not None:
+        d.add_(grad, alpha=LR)
+    coeffs = blocks_dct(d, layout)
+    idx, vals = select_topk(coeffs, k)
+    sent = torch.zeros_like(coeffs).scatter_(1, idx, sent_values(vals, encoding))
+    d.sub_(blocks_idct(sent, layout))
+    return d, idx, vals
+
+
+def _data(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    # Continuous random data: no ties in |coefficient| (torch.topk's tie order is unspecified).
+    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+
+
+@pytest.mark.parametrize("shape,chunk,k", CASES)
+@pytest.mark.parametrize("encoding", ["sign", "bf16", "fp32"])
+def test_encode_matches_torch(shape, chunk, k, encoding):
+    if encoding != "sign" and shape != CASES[0][0]:
+        pytest.skip("value encodings only change error feedback: one shape is enough")
+    layout = block_layout(shape, chunk)
+    assert fc.fused_supported(layout, DEV)
+    delta, grad = _data(shape, 1)
+    ref_d, ref_idx, ref_vals = _torch_encode(delta, grad, layout, k, encoding)
+
+    d = delta.clone()
+    idx, vals = fc.fused_encode(d, grad, LR, DECAY, layout, k, encoding)
+    assert idx.shape == (layout.num_blocks, k) and vals.shape == (layout.num_blocks, k)
+
+    ref_sorted, order = ref_idx.sort(1)
+    # Index sets match exactly per block (fused emits them in ascending order).
+    assert torch.equal(idx.long(), ref_sorted)
+    scale = ref_vals.abs().max()
+    torch.testing.assert_close(vals, ref_vals.gather(1, order), rtol=0, atol=1e-5 * scale)
+    # Relative to delta before error feedback (with k == n1*n2 nearly all of it is removed).
+    torch.testing.assert_close(d, ref_d, rtol=0, atol=1e-5 * (delta * DECAY + grad * LR).abs().max())
+    # The payload packs the same bytes as the torch path's (same order after sorting).
+    assert torch.equal(
+        pack_payload(idx, vals, layout.block_numel, "sign"),
+        pack_payload(ref_sorted, ref_vals.gather(1, order), layout.block_numel, "sign"),
+    )
+
+
+def test_encode_without_grad_and_bf16_error_feedback_differs():
+    shape, layout, k = (64, 64), block_layout((64, 64), 64), 32
+    delta, _ = _data(shape, 2)
+    ref_d, ref_idx, _ = _torch_encode(delta, None, layout, k, "bf16")
+    d = delta.clone()
+    idx, _ = fc.fused_encode(d, None, LR, DECAY, layout, k, "bf16")
+    assert torch.equal(idx.long(), ref_idx.sort(1).values)
+    torch.testing.assert_close(d, ref_d, rtol=0, atol=1e-5 * ref_d.abs().max())
+    # bf16 rounding must stay in delta: fp32 error feedback gives a measurably different delta.
+    d32 = delta.clone()
+    fc.fused_encode(d32, None, LR, DECAY, layout, k, "fp32")
+    assert (d32 - d).abs().max() > 1e-4 * ref_d.abs().max()
+
+
+def test_ties_take_lowest_indices():
+    # An all-zero block: every |coefficient| ties at 0, so the first k indices are chosen.
+    layout = block_layout((32, 32), 32)
+    d = torch.zeros(32, 32)
+    idx, vals = fc.fused_encode(d, None, LR, DECAY, layout, 7, "sign")
+    assert idx.tolist() == [list(range(7))]
+    assert torch.all(vals == 0) and torch.all(d == 0)
+
+
+def _replicas(layout, k, W, seed, first_idx=None):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([
+        torch.stack([torch.randperm(layout.block_numel, generator=g)[:k] for _ in range(layout.num_blocks)])
+        for _ in range(W)
+    ])
+    if first_idx is not None:
+        idx[0] = first_idx
+    # Overlap between replicas: replica 1 repeats half of replica 0's picks.
+    if W > 1:
+        idx[1, :, : k // 2] = idx[0, :, : k // 2]
+        for b in range(layout.num_blocks):  # keep each replica's indices distinct per block
+            rest = [i for i in torch.randperm(layout.block_numel, generator=g).tolist()
+                    if i not in set(idx[1, b, : k // 2].tolist())]
+            idx[1, b, k // 2 :] = torch.tensor(rest[: k - k // 2])
+    vals = torch.randn(W, layout.num_blocks, k, generator=g)
+    return idx, vals
+
+
+def _check_params(got, ref, direction):
+    bad = got != ref
+    near_zero = direction.abs() <= 1e-5 * direction.abs().max()
+    assert not (bad & ~near_zero).any(), f"{int((bad & ~near_zero).sum())} params differ away from zero"
+
+
+@pytest.mark.parametrize("shape,chunk,k", CASES[:5])
+@pytest.mark.parametrize("W", [1, 3])
+def test_decode_matches_torch(shape, chunk, k, W):
+    layout = block_layout(shape, chunk)
+    idx, vals = _replicas(layout, k, W, seed=3)
+    param, _ = _data(shape, 4)
+    dense = mean_of_selected(idx, vals, layout.block_numel)
+    direction = blocks_idct(dense, layout)
+    ref = param.add(direction.sign(), alpha=-1e-2)
+
+    p = param.clone()
+    fc.fused_decode_update(p, dense, 1e-2, layout)
+    _check_params(p, ref, direction)
+    assert (p != param).float().mean() > 0.9  # it did update
+
+    p = param.clone()
+    fc.fused_mean_decode_update(p, idx, vals, 1e-2, layout)
+    _check_params(p, ref, direction)
+
+
+def test_mean_decode_from_payloads_sign():
+    # Full path: fused encode -> pack -> unpack (W copies with different signs) -> fused mean+decode.
+    shape, layout, k = (64, 128), block_layout((64, 128), 64), 32
+    delta, grad = _data(shape, 5)
+    idx, vals = fc.fused_encode(delta.clone(), grad, LR, DECAY, layout, k, "sign")
+    payload = pack_payload(idx, vals, layout.block_numel, "sign")
+    gathered = torch.stack([payload, pack_payload(idx, -vals, layout.block_numel, "sign"), payload])
+    u_idx, u_vals = unpack_payload(gathered, layout.num_blocks, k, layout.block_numel, "sign", torch.float32)
+    dense = mean_of_selected(u_idx, u_vals, layout.block_numel)
+    direction = blocks_idct(dense, layout)
+    param, _ = _data(shape, 6)
+    ref = param.add(direction.sign(), alpha=-1e-2)
+    p = param.clone()
+    fc.fused_mean_decode_update(p, u_idx, u_vals, 1e-2, layout)
+    _check_params(p, ref, direction)
+
+
+def test_supported_layouts():
+    assert fc.fused_supported(block_layout((512, 4096), 64), DEV)
+    assert fc.fused_supported(block_layout((16032, 4096), 64), DEV)  # 48-row blocks, padded
+    assert not fc.fused_supported(block_layout((4096,), 64), DEV)  # 1-D: torch path
+    assert not fc.fused_supported(block_layout((256, 256), 128), DEV)  # blocks > 64
+    assert not fc.fused_supported(block_layout((64, 64), 64), DEV, torch.bfloat16)
+    with pytest.raises(ValueError):
+        fc.fused_encode(torch.zeros(64, 64).t(), None, LR, DECAY, block_layout((64, 64), 64), 4, "sign")
+
+
+@pytest.mark.parametrize("encoding", ["sign", "bf16", "fp32"])
+@pytest.mark.parametrize("block_numel,B,k", [(4096, 3, 32), (1024, 2, 5), (64, 5, 7), (2, 3, 1)])
+def test_pack_unpack_match_torch(encoding, block_numel, B, k):
+    g = torch.Generator().manual_seed(7)
+    idx = torch.stack([torch.randperm(block_numel, generator=g)[:k] for _ in range(B)]).to(torch.int32)
+    vals = torch.randn(B, k, generator=g)
+    vals[0, 0] = -0.0  # signbit of -0.0 is set
+    ref = pack_payload(idx, vals, block_numel, encoding)
+    got = fc.fused_pack_payload(idx, vals, block_numel, encoding)
+    assert torch.equal(got, ref)
+    out = torch.full_like(ref, 0xAA)
+    assert fc.fused_pack_payload(idx, vals, block_numel, encoding, out=out) is out and torch.equal(out, ref)
+
+    # Unpack from a column slice of a wider gathered buffer (row stride != row length).
+    other = pack_payload(idx.flip(1), -vals, block_numel, encoding)
+    wide = torch.stack([torch.cat([torch.zeros(3, dtype=torch.uint8), p, torch.ones(2, dtype=torch.uint8)])
+                        for p in (ref, other)])
+    payload = wide[:, 3 : 3 + ref.numel()]
+    ref_idx, ref_vals = unpack_payload(payload, B, k, block_numel, encoding, torch.float32)
+    got_idx, got_vals = fc.fused_unpack_payload(payload, B, k, block_numel, encoding)
+    assert got_idx.dtype == torch.int32 and torch.equal(got_idx.long(), ref_idx)
+    assert torch.equal(got_vals, ref_vals)
