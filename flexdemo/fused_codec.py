@@ -30,6 +30,7 @@ for tests only).
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 
 import torch
 
@@ -145,13 +146,13 @@ if _HAVE_TRITON:
         return tl.dot(t, f2, input_precision=PREC)
 
     @triton.jit
-    def _encode_kernel(
-        delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
+    def _encode_block(
+        b, row, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
         lr, decay, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, BF16: tl.constexpr, PREC: tl.constexpr,
     ):
-        b = tl.program_id(0)
+        # Block b of the tensor at delta_ptr; its idx/vals go to output row `row`.
         offs, valid, r, c = _block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
 
         # Momentum update, fused so delta is read and written exactly once.
@@ -193,7 +194,7 @@ if _HAVE_TRITON:
 
         # Compaction: the j-th selected coefficient (in index order) goes to slot j.
         sel_i = sel.to(tl.int32)
-        slot = b.to(tl.int64) * K + _flat_exclusive_cumsum(sel_i)
+        slot = row.to(tl.int64) * K + _flat_exclusive_cumsum(sel_i)
         flat = r[:, None] * N2 + c[None, :]
         tl.store(idx_ptr + slot, flat, mask=sel)
         tl.store(vals_ptr + slot, y, mask=sel)
@@ -207,6 +208,17 @@ if _HAVE_TRITON:
         s = tl.where(sel, sent, 0.0)
         x = x - _idct_block(s, f1_ptr, f2_ptr, P1, P2, PREC)
         tl.store(delta_ptr + offs, x, mask=valid)
+
+    @triton.jit
+    def _encode_kernel(
+        delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
+        lr, decay, C, blocks_per_row,
+        N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
+        HAS_GRAD: tl.constexpr, BF16: tl.constexpr, PREC: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        _encode_block(b, b, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, blocks_per_row,
+                      N1, N2, P1, P2, K, HAS_GRAD, BF16, PREC)
 
     @triton.jit
     def _sign_update(param_ptr, offs, valid, z, lr):
@@ -226,12 +238,12 @@ if _HAVE_TRITON:
         _sign_update(param_ptr, offs, valid, _idct_block(m, f1_ptr, f2_ptr, P1, P2, PREC), lr)
 
     @triton.jit
-    def _mean_decode_kernel(
-        param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row, num_blocks, W,
+    def _mean_decode_block(
+        b, row, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         KP: tl.constexpr, PREC: tl.constexpr,
     ):
-        b = tl.program_id(0)
+        # Block b of the tensor at param_ptr, from row `row` of each replica's [num_blocks, K] idx/vals.
         offs, valid, r, c = _block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
         j = tl.arange(0, KP)
         jm = j < K
@@ -240,7 +252,7 @@ if _HAVE_TRITON:
         # Replicas in rank order, like mean_of_selected's scatter_adds: each coefficient's sum is
         # ((0 + v_0) + v_1) + ... over the replicas that picked it, the same bits on every rank.
         for w in range(W):
-            base = (w * num_blocks + b).to(tl.int64) * K
+            base = (w * num_blocks + row).to(tl.int64) * K
             i = tl.load(idx_ptr + base + j, mask=jm, other=0).to(tl.int32)
             v = tl.load(vals_ptr + base + j, mask=jm, other=0.0)
             row_j = tl.where(jm, i // N2, -1)
@@ -256,6 +268,80 @@ if _HAVE_TRITON:
             count = count + h_w
         m = total / tl.maximum(count, 1.0)
         _sign_update(param_ptr, offs, valid, _idct_block(m, f1_ptr, f2_ptr, P1, P2, PREC), lr)
+
+    @triton.jit
+    def _mean_decode_kernel(
+        param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row, num_blocks, W,
+        N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
+        KP: tl.constexpr, PREC: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        _mean_decode_block(b, b, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row, num_blocks, W,
+                           N1, N2, P1, P2, K, KP, PREC)
+
+    # ---- Grouped (multi-tensor) kernels: one program per block of the whole group. --------------
+    # Per-tensor data comes from small device tables: blk_tensor[g] (int32) is the tensor of group
+    # block g; meta[t] = (cols, blocks_per_row, first group block) (int64); ptrs[t] holds raw
+    # addresses (int64) that are cast back to pointers.
+
+    @triton.jit
+    def _group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED: tl.constexpr):
+        t = tl.load(blk_tensor_ptr + g).to(tl.int64)
+        C = tl.load(meta_ptr + t * 3).to(tl.int32)
+        if ALIGNED:  # host-checked: every tensor's cols % 16 == 0 (lets loads vectorize, as per tensor)
+            C = tl.multiple_of(C, 16)
+        bpr = tl.load(meta_ptr + t * 3 + 1).to(tl.int32)
+        b = (g - tl.load(meta_ptr + t * 3 + 2)).to(tl.int32)
+        return t, b, C, bpr
+
+    @triton.jit
+    def _encode_many_kernel(
+        ptr_tab, blk_tensor_ptr, meta_ptr, lr_tab, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay,
+        N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
+        HAS_GRAD: tl.constexpr, MIXED_GRAD: tl.constexpr, LR_TABLE: tl.constexpr,
+        BF16: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
+    ):
+        g = tl.program_id(0)
+        t, b, C, bpr = _group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
+        delta_ptr = tl.load(ptr_tab + t * 2).to(tl.pointer_type(tl.float32))
+        if ALIGNED:  # host-checked: every address % 16 == 0
+            delta_ptr = tl.multiple_of(delta_ptr, 16)
+        if LR_TABLE:
+            lr = tl.load(lr_tab + t)
+        if HAS_GRAD:
+            g_addr = tl.load(ptr_tab + t * 2 + 1)
+            grad_ptr = g_addr.to(tl.pointer_type(tl.float32))
+            if ALIGNED:
+                grad_ptr = tl.multiple_of(grad_ptr, 16)
+            if MIXED_GRAD:
+                if g_addr != 0:
+                    _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                                  N1, N2, P1, P2, K, True, BF16, PREC)
+                else:
+                    _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                                  N1, N2, P1, P2, K, False, BF16, PREC)
+            else:
+                _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                              N1, N2, P1, P2, K, True, BF16, PREC)
+        else:
+            _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                          N1, N2, P1, P2, K, False, BF16, PREC)
+
+    @triton.jit
+    def _mean_decode_many_kernel(
+        ptr_tab, blk_tensor_ptr, meta_ptr, lr_tab, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, num_blocks, W,
+        N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
+        KP: tl.constexpr, LR_TABLE: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
+    ):
+        g = tl.program_id(0)
+        t, b, C, bpr = _group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
+        param_ptr = tl.load(ptr_tab + t).to(tl.pointer_type(tl.float32))
+        if ALIGNED:
+            param_ptr = tl.multiple_of(param_ptr, 16)
+        if LR_TABLE:
+            lr = tl.load(lr_tab + t)
+        _mean_decode_block(b, g, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, bpr, num_blocks, W,
+                           N1, N2, P1, P2, K, KP, PREC)
 
     @triton.jit
     def _pack_bits_kernel(src_ptr, out_ptr, n, nbytes, BITS: tl.constexpr, SIGN: tl.constexpr, BLOCK: tl.constexpr):
@@ -386,6 +472,217 @@ def fused_mean_decode_update(
     )
 
 
+# ---- Grouped (multi-tensor) API -------------------------------------------------------------------
+#
+# One launch per group of tensors that share the kernels' compile-time geometry (see group_key).
+# The per-tensor data (addresses, columns, blocks per row, first block) lives in small device tables,
+# built once and cached: layout tables by the layouts, address tables by the data_ptrs.
+
+_TABLE_CACHE_SIZE = 256
+_LAYOUT_TABLES: OrderedDict = OrderedDict()
+_PTR_TABLES: OrderedDict = OrderedDict()
+
+
+def group_key(layout: BlockLayout, k: int, encoding: str) -> tuple[int, int, int, str]:
+    """Tensors with equal keys can share one grouped launch: ``(n1, n2, k, encoding)``.
+
+    ``k`` must be the per-block top-k actually used (already clamped to ``block_numel``).
+    The ``precision`` of a call is the same for the whole group by construction.
+    """
+    return (layout.n1, layout.n2, int(k), encoding)
+
+
+def group_block_offsets(layouts: list[BlockLayout]) -> list[int]:
+    """``offsets`` (length ``len(layouts) + 1``): tensor i's blocks are rows ``offsets[i]:offsets[i+1]``
+    of the grouped ``idx``/``vals``."""
+    out = [0]
+    for L in layouts:
+        out.append(out[-1] + L.num_blocks)
+    return out
+
+
+def _cache_get(cache: OrderedDict, key):
+    v = cache.get(key)
+    if v is not None:
+        cache.move_to_end(key)
+    return v
+
+
+def _cache_put(cache: OrderedDict, key, value):
+    cache[key] = value
+    if len(cache) > _TABLE_CACHE_SIZE:
+        cache.popitem(last=False)
+    return value
+
+
+def _device_table(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    t = torch.tensor(data, dtype=dtype)
+    if device.type == "cuda":
+        # Pinned + non_blocking: no host sync (the caching host allocator keeps the staging buffer
+        # alive until the copy has run).
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
+def _layout_tables(layouts: list[BlockLayout], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
+    """(blk_tensor int32 [total_blocks], meta int64 [T, 3] = (cols, blocks_per_row, first block), total,
+    whether every cols % 16 == 0)."""
+    key = (device, tuple((L.shape, L.n1, L.n2) for L in layouts))
+    hit = _cache_get(_LAYOUT_TABLES, key)
+    if hit is not None:
+        return hit
+    offsets = group_block_offsets(layouts)
+    total = offsets[-1]
+    if total >= 2**31:
+        raise ValueError(f"fused grouped codec: {total} blocks in one group (max 2**31 - 1); split the group")
+    meta = [(L.cols, L.cols // L.n2, offsets[i]) for i, L in enumerate(layouts)]
+    counts = torch.tensor([L.num_blocks for L in layouts], dtype=torch.int64)
+    blk_tensor = torch.repeat_interleave(torch.arange(len(layouts), dtype=torch.int32), counts, output_size=total)
+    if device.type == "cuda":
+        blk_tensor = blk_tensor.pin_memory().to(device, non_blocking=True)
+    aligned = all(L.cols % 16 == 0 for L in layouts)
+    return _cache_put(_LAYOUT_TABLES, key, (blk_tensor, _device_table(meta, torch.int64, device), total, aligned))
+
+
+def _ptr_table(addrs: tuple, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """(int64 table of the addresses, whether all are 16-byte aligned)."""
+    key = (device, addrs)
+    hit = _cache_get(_PTR_TABLES, key)
+    if hit is not None:
+        return hit
+    aligned = all(a % 16 == 0 for a in addrs)
+    return _cache_put(_PTR_TABLES, key, (_device_table(list(addrs), torch.int64, device), aligned))
+
+
+def _align_hints(cols_aligned: bool, ptrs_aligned: bool) -> bool:
+    # FLEXDEMO_GROUPED_HINTS=0 turns the divisibility hints off (A/B on the GPU; results are the same).
+    return cols_aligned and ptrs_aligned and os.environ.get("FLEXDEMO_GROUPED_HINTS", "1") != "0"
+
+
+def _lr_arg(lr, n: int, device: torch.device):
+    """(scalar lr, lr table or None): a float is passed as a kernel scalar, a sequence as a fp32 table."""
+    if isinstance(lr, (int, float)):
+        return float(lr), None
+    if isinstance(lr, torch.Tensor):
+        t = lr.to(device=device, dtype=torch.float32).reshape(-1)
+    else:
+        t = _device_table([float(x) for x in lr], torch.float32, device)
+    if t.numel() != n:
+        raise ValueError(f"fused grouped codec: {t.numel()} learning rates for {n} tensors")
+    return 0.0, t.contiguous()
+
+
+def _check_group(tensors: list[torch.Tensor], layouts: list[BlockLayout], what: str) -> torch.device:
+    if len(tensors) != len(layouts) or not tensors:
+        raise ValueError(f"fused grouped codec: need one layout per {what} (and at least one), "
+                         f"got {len(tensors)} tensors and {len(layouts)} layouts")
+    device = tensors[0].device
+    n1, n2 = layouts[0].n1, layouts[0].n2
+    for t, L in zip(tensors, layouts):
+        if L.n1 != n1 or L.n2 != n2:
+            raise ValueError(f"fused grouped codec: blocks {L.n1}x{L.n2} in a group of {n1}x{n2} (see group_key)")
+        if t.device != device:
+            raise ValueError(f"fused grouped codec: {what} on {t.device} and {device} in one group")
+        if not fused_supported(L, device, t.dtype):
+            raise ValueError(f"fused grouped codec: unsupported layout {L} on {device}")
+        _check(t, L, what)
+    return device
+
+
+def fused_encode_many(
+    deltas: list[torch.Tensor],
+    grads: list[torch.Tensor | None],
+    lr,
+    decay: float,
+    layouts: list[BlockLayout],
+    k: int,
+    encoding: str,
+    *,
+    precision: str = "ieee",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fused_encode` of many tensors with equal blocks ``n1 x n2``, in ONE launch.
+
+    Returns ``idx`` [total_blocks, k] int32 and ``vals`` [total_blocks, k] fp32 with tensor i's
+    blocks in rows ``offsets[i]:offsets[i+1]`` (:func:`group_block_offsets`); each ``deltas[i]`` is
+    updated in place. Bitwise the same as calling :func:`fused_encode` per tensor. ``grads[i]`` may
+    be None (zero gradient). ``lr`` is a float, or one per tensor (a sequence or fp32 tensor).
+    """
+    if encoding not in ("fp32", "bf16", "sign"):
+        raise ValueError(f"unknown value_encoding {encoding!r}")
+    if len(grads) != len(deltas):
+        raise ValueError("fused_encode_many: need one grad (or None) per delta")
+    device = _check_group(deltas, layouts, "delta")
+    L0 = layouts[0]
+    if not 1 <= k <= L0.block_numel:
+        raise ValueError(f"fused_encode_many: k={k} outside [1, {L0.block_numel}]")
+    for g, L in zip(grads, layouts):
+        if g is not None:
+            if g.device != device:
+                raise ValueError(f"fused_encode_many: grad on {g.device}, delta on {device}")
+            _check(g, L, "grad")
+    n_grad = sum(g is not None for g in grads)
+    blk_tensor, meta, total, cols_aligned = _layout_tables(layouts, device)
+    addrs = []
+    for d, g in zip(deltas, grads):
+        addrs.append(d.data_ptr())
+        addrs.append(g.data_ptr() if g is not None else 0)
+    ptrs, ptrs_aligned = _ptr_table(tuple(addrs), device)
+    lr_s, lr_tab = _lr_arg(lr, len(deltas), device)
+    p1, p2 = _pow2_at_least(L0.n1), _pow2_at_least(L0.n2)
+    f1, f2 = _padded_dct(L0.n1, p1, device), _padded_dct(L0.n2, p2, device)
+    idx = torch.empty(total, k, dtype=torch.int32, device=device)
+    vals = torch.empty(total, k, dtype=torch.float32, device=device)
+    _encode_many_kernel[(total,)](
+        ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, f1, f2, idx, vals,
+        lr_s, float(decay),
+        N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k,
+        HAS_GRAD=n_grad > 0, MIXED_GRAD=0 < n_grad < len(grads), LR_TABLE=lr_tab is not None,
+        BF16=encoding == "bf16", PREC=precision, ALIGNED=_align_hints(cols_aligned, ptrs_aligned),
+        num_warps=_num_warps(p1, p2),
+    )
+    return idx, vals
+
+
+def fused_mean_decode_update_many(
+    params: list[torch.Tensor],
+    idx: torch.Tensor,
+    vals: torch.Tensor,
+    lr,
+    layouts: list[BlockLayout],
+    *,
+    precision: str = "ieee",
+) -> None:
+    """:func:`fused_mean_decode_update` of many tensors with equal blocks ``n1 x n2``, in ONE launch.
+
+    ``idx`` [W, total_blocks, k] (any int dtype; e.g. :func:`fused_unpack_payload` of the group's
+    segment) and ``vals`` [W, total_blocks, k] fp32, tensor i's blocks in rows
+    ``offsets[i]:offsets[i+1]`` (:func:`group_block_offsets`). Each ``params[i]`` is updated in
+    place, bitwise as by :func:`fused_mean_decode_update`. ``lr``: a float, or one per tensor.
+    """
+    device = _check_group(params, layouts, "param")
+    blk_tensor, meta, total, cols_aligned = _layout_tables(layouts, device)
+    if idx.dim() != 3:
+        raise ValueError("fused_mean_decode_update_many: idx/vals must be [W, total_blocks, k]")
+    W, B, k = idx.shape
+    if B != total or tuple(vals.shape) != (W, B, k) or vals.dtype != torch.float32:
+        raise ValueError(f"fused_mean_decode_update_many: idx/vals must be [W, {total}, k], vals fp32; "
+                         f"got {tuple(idx.shape)} and {tuple(vals.shape)} {vals.dtype}")
+    if idx.device != device or vals.device != device:
+        raise ValueError("fused_mean_decode_update_many: idx/vals on another device than params")
+    idx, vals = idx.contiguous(), vals.contiguous()
+    ptrs, ptrs_aligned = _ptr_table(tuple(p.data_ptr() for p in params), device)
+    lr_s, lr_tab = _lr_arg(lr, len(params), device)
+    L0 = layouts[0]
+    p1, p2 = _pow2_at_least(L0.n1), _pow2_at_least(L0.n2)
+    f1, f2 = _padded_dct(L0.n1, p1, device), _padded_dct(L0.n2, p2, device)
+    _mean_decode_many_kernel[(total,)](
+        ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, idx, vals, f1, f2, lr_s, total, W,
+        N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k, KP=_pow2_at_least(k),
+        LR_TABLE=lr_tab is not None, PREC=precision, ALIGNED=_align_hints(cols_aligned, ptrs_aligned),
+        num_warps=_num_warps(p1, p2),
+    )
+
+
 _PACK_BLOCK = 1024
 
 
@@ -455,7 +752,7 @@ def fused_unpack_payload(
                                       BITS=1, SIGN=True, BLOCK=_PACK_BLOCK)
     else:
         # A fresh buffer: the values may start at any byte and view() needs alignment.
-        flat = raw.contiguous().reshape(-1)
+        flat = raw.reshape(-1).clone()  # clone: a W == 1 slice would keep its odd offset
         vals = flat.view(torch.float32 if encoding == "fp32" else torch.bfloat16).to(torch.float32)
         vals = vals.reshape(W, num_blocks, k)
     return idx, vals

@@ -18,41 +18,22 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial
 
-from flexdemo.codec import (
-    check_encoding,
-    clamp_topk,
-    mean_of_selected,
-    pack_payload,
-    payload_nbytes,
-    select_topk,
-    sent_values,
-    unpack_payload,
-)
-from flexdemo.dct import BlockLayout, block_layout, blocks_dct, blocks_idct
+from flexdemo.codec import check_encoding, mean_of_selected, pack_payload, select_topk, sent_values, unpack_payload
+from flexdemo.dct import BlockLayout, blocks_dct, blocks_idct
+from flexdemo.exchange_plan import Bucket, build_plan
+from flexdemo.fused_bucket import fused_decode_bucket, fused_encode_bucket
+from flexdemo.fused_codec import fused_pack_payload, fused_supported, fused_unpack_payload
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The rank-local tensor (a view sharing storage) of a DTensor, or the tensor itself."""
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-@dataclass
-class _Slot:
-    """One parameter's place in this step's packed exchange."""
-
-    param: torch.Tensor
-    lr: float
-    layout: BlockLayout
-    k: int
-    offset: int
-    nbytes: int
 
 
 class DeMo(torch.optim.Optimizer):
@@ -67,9 +48,15 @@ class DeMo(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         replicate_group: dist.ProcessGroup | None = None,
         value_encoding: str = "sign",
+        fused: bool = True,
     ):
         _check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
         check_encoding(value_encoding)
+        if not isinstance(fused, bool):
+            raise ValueError(f"DeMo: fused must be True or False, got {fused!r}")
+        # Fused Triton kernels where they apply (CUDA, fp32, >= 2-D, blocks <= 64x64).
+        self.fused = fused
+        self._cached_plan = None  # add_param_group (called by the base class) resets it
         defaults = dict(
             lr=lr,
             compression_decay=compression_decay,
@@ -135,6 +122,30 @@ class DeMo(torch.optim.Optimizer):
 
     # -- step -----------------------------------------------------------------------------
 
+    def _plan(self) -> tuple[list[Bucket], int]:
+        """Buckets of this rank's local tensors (shapes never change, so built once)."""
+        if self._cached_plan is None:
+            entries = [
+                [(p, tuple(_local(p).shape), p.dtype) for p in g["params"] if p.requires_grad]
+                for g in self.param_groups
+            ]
+            chunks = [g["compression_chunk"] for g in self.param_groups]
+            topks = [g["compression_topk"] for g in self.param_groups]
+            self._cached_plan = build_plan(entries, chunks, topks, self.value_encoding)
+        return self._cached_plan
+
+    def add_param_group(self, param_group) -> None:
+        super().add_param_group(param_group)
+        self._cached_plan = None
+
+    def _bucket_is_fused(self, bucket: Bucket) -> bool:
+        if self.fused is False:
+            return False
+        return all(
+            fused_supported(m.layout, _local(m.param).device, m.param.dtype) and _local(m.param).is_contiguous()
+            for m in bucket.members
+        )
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -142,42 +153,63 @@ class DeMo(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
 
-        slots, payloads, offset = [], [], 0
+        buckets, total = self._plan()
         for group in self.param_groups:
-            lr, wd, decay = group["lr"], group["weight_decay"], group["compression_decay"]
             for p in group["params"]:
-                if not p.requires_grad:
-                    continue
-                local_p, local_d = _local(p), _local(self._delta(p))
-                if wd != 0.0:
-                    local_p.mul_(1.0 - lr * wd)
-                local_d.mul_(decay)
-                # A missing grad counts as zero: every replica must pack the same layout.
-                if p.grad is not None:
-                    local_d.add_(_local(p.grad), alpha=lr)
-                layout = block_layout(local_d.shape, group["compression_chunk"])
-                k = clamp_topk(group["compression_topk"], layout.block_numel)
-                nbytes = payload_nbytes(layout, k, self.value_encoding)
-                slots.append(_Slot(p, lr, layout, k, offset, nbytes))
-                offset += nbytes
-                if nbytes:
-                    payloads.append(compress_momentum(local_d, layout, k, self.value_encoding))
+                if p.requires_grad:
+                    self._delta(p)  # creates the state, also for empty shards
+                    if group["weight_decay"] != 0.0:
+                        _local(p).mul_(1.0 - group["lr"] * group["weight_decay"])
+        # Empty local shards have no payload but their (empty) momentum still exists.
 
-        gathered = self._exchange(payloads, offset, slots)
-
-        for s in slots:
-            if s.nbytes == 0:
-                continue
-            payload = gathered[:, s.offset : s.offset + s.nbytes]
-            direction = decode_direction(payload, s.layout, s.k, self.value_encoding, _local(s.param).dtype)
-            _local(s.param).add_(direction, alpha=-s.lr)
+        payloads = [self._encode_bucket(b) for b in buckets]
+        gathered = self._exchange(payloads, total, buckets)
+        for b in buckets:
+            self._decode_bucket(b, gathered[:, b.byte_offset : b.byte_offset + b.nbytes(self.value_encoding)])
         return loss
 
-    def _exchange(self, payloads: list[torch.Tensor], total: int, slots: list[_Slot]) -> torch.Tensor:
-        """One all_gather of every parameter's payload: returns ``[replicas, total]`` bytes."""
+    def _grad(self, p: torch.Tensor) -> torch.Tensor | None:
+        # A missing grad counts as zero: every replica must pack the same layout.
+        return None if p.grad is None else _local(p.grad)
+
+    def _encode_bucket(self, b: Bucket) -> torch.Tensor:
+        """Momentum update, top-k and error feedback for a bucket's tensors; its packed payload."""
+        group = self.param_groups[b.group_index]
+        lr, decay, enc = group["lr"], group["compression_decay"], self.value_encoding
+        deltas = [_local(self.state[m.param]["delta"]) for m in b.members]
+        grads = [self._grad(m.param) for m in b.members]
+        if self._bucket_is_fused(b):
+            idx, vals = fused_encode_bucket(deltas, grads, lr, decay, [m.layout for m in b.members], b.k, enc)
+            return fused_pack_payload(idx, vals, b.block_numel, enc)
+        idx_parts, val_parts = [], []
+        for m, d, g in zip(b.members, deltas, grads):
+            d.mul_(decay)
+            if g is not None:
+                d.add_(g, alpha=lr)
+            idx, vals = compress_momentum(d, m.layout, b.k, enc)
+            idx_parts.append(idx)
+            val_parts.append(vals)
+        return pack_payload(torch.cat(idx_parts), torch.cat(val_parts), b.block_numel, enc)
+
+    def _decode_bucket(self, b: Bucket, payloads: torch.Tensor) -> None:
+        """``p -= lr * sign(IDCT(mean over selecting replicas))`` for a bucket's tensors."""
+        lr, enc = self.param_groups[b.group_index]["lr"], self.value_encoding
+        if self._bucket_is_fused(b):
+            idx, vals = fused_unpack_payload(payloads, b.num_blocks, b.k, b.block_numel, enc)
+            fused_decode_bucket([_local(m.param) for m in b.members], idx, vals, lr, [m.layout for m in b.members])
+            return
+        idx, vals = unpack_payload(payloads, b.num_blocks, b.k, b.block_numel, enc, b.dtype)
+        for m in b.members:
+            rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
+            direction = blocks_idct(mean_of_selected(idx[:, rows], vals[:, rows], b.block_numel), m.layout).sign_()
+            _local(m.param).add_(direction, alpha=-lr)
+
+    def _exchange(self, payloads: list[torch.Tensor], total: int, buckets: list[Bucket]) -> torch.Tensor:
+        """One all_gather of every bucket's payload: returns ``[replicas, total]`` bytes."""
         W = self.replica_world_size
-        device = _local(slots[0].param).device if slots else torch.device("cpu")
+        device = _local(buckets[0].members[0].param).device if buckets else self._device()
         mine = torch.cat(payloads) if payloads else torch.empty(0, dtype=torch.uint8, device=device)
+        assert mine.numel() == total, (mine.numel(), total)
         start = time.perf_counter()
         if W == 1 or not self._distributed or total == 0:
             gathered = mine.unsqueeze(0)
@@ -190,24 +222,24 @@ class DeMo(torch.optim.Optimizer):
         self.last_step_bytes_received = (W - 1) * total
         return gathered
 
+    def _device(self) -> torch.device:
+        return _collective_device(self._trainable(), self.replicate_group)
+
     def payload_bytes_per_step(self) -> int:
         """Bytes this rank contributes to each step's exchange (the codec's formula)."""
-        total = 0
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    layout = block_layout(_local(p).shape, group["compression_chunk"])
-                    total += payload_nbytes(layout, group["compression_topk"], self.value_encoding)
-        return total
+        return self._plan()[1]
 
 
-def compress_momentum(local_d: torch.Tensor, layout: BlockLayout, k: int, encoding: str) -> torch.Tensor:
-    """Top-k of delta's DCT as a packed payload; what is sent leaves delta (error feedback)."""
+def compress_momentum(
+    local_d: torch.Tensor, layout: BlockLayout, k: int, encoding: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of delta's DCT per block as ``(indices, values)``; what is sent leaves delta
+    (error feedback)."""
     coeffs = blocks_dct(local_d, layout)
     idx, vals = select_topk(coeffs, k)
     sent = torch.zeros_like(coeffs).scatter_(1, idx, sent_values(vals, encoding))
     local_d.sub_(blocks_idct(sent, layout))
-    return pack_payload(idx, vals, layout.block_numel, encoding)
+    return idx, vals
 
 
 def decode_direction(

@@ -1,0 +1,84 @@
+"""How one DeMo step's payload is laid out: tensors bucketed by block geometry.
+
+Tensors of one param group that share the block shape ``n1 x n2``, ``k`` and dtype form a
+bucket; a bucket's kept coefficients (its tensors' blocks in order) travel as ONE bit
+stream ``[indices | values]``, byte-aligned per bucket. Buckets let the GPU path encode,
+pack, unpack and decode many tensors per kernel launch, and keep the wire format the
+same whichever path (torch or fused) a rank uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from flexdemo.bitpack import bits_for, packed_nbytes
+from flexdemo.codec import clamp_topk, value_nbytes
+from flexdemo.dct import BlockLayout, block_layout
+
+
+@dataclass
+class Member:
+    param: torch.Tensor
+    layout: BlockLayout
+    first_block: int  # row of this tensor's first block within the bucket
+
+
+@dataclass
+class Bucket:
+    group_index: int  # which param group (lr, decay, weight decay)
+    n1: int
+    n2: int
+    k: int
+    dtype: torch.dtype
+    members: list[Member] = field(default_factory=list)
+    num_blocks: int = 0
+    byte_offset: int = 0  # where this bucket starts in the step's payload
+
+    @property
+    def block_numel(self) -> int:
+        return self.n1 * self.n2
+
+    def nbytes(self, encoding: str) -> int:
+        return bucket_nbytes(self.num_blocks, self.k, self.block_numel, encoding)
+
+
+def bucket_nbytes(num_blocks: int, k: int, block_numel: int, encoding: str) -> int:
+    """``ceil(blocks*k*bits/8) + value bytes``: the payload formula for one bucket."""
+    if num_blocks == 0:
+        return 0
+    count = num_blocks * k
+    return packed_nbytes(count, bits_for(block_numel)) + value_nbytes(count, encoding)
+
+
+def build_plan(
+    local_shapes: list[list[tuple[torch.Tensor, tuple[int, ...], torch.dtype]]],
+    chunks: list[int],
+    topks: list[int],
+    encoding: str,
+) -> tuple[list[Bucket], int]:
+    """Buckets for ``local_shapes[g] = [(param, local shape, dtype), ...]`` per param group.
+
+    Tensors with no elements (empty FSDP shards) send nothing and are left out.
+    Returns the buckets in payload order and the total payload bytes.
+    """
+    buckets: dict[tuple, Bucket] = {}
+    for g, entries in enumerate(local_shapes):
+        for param, shape, dtype in entries:
+            layout = block_layout(shape, chunks[g])
+            if layout.num_blocks == 0:
+                continue
+            k = clamp_topk(topks[g], layout.block_numel)
+            key = (g, layout.n1, layout.n2, k, dtype)
+            bucket = buckets.get(key)
+            if bucket is None:
+                bucket = buckets[key] = Bucket(g, layout.n1, layout.n2, k, dtype)
+            bucket.members.append(Member(param, layout, bucket.num_blocks))
+            bucket.num_blocks += layout.num_blocks
+    offset = 0
+    ordered = list(buckets.values())
+    for bucket in ordered:
+        bucket.byte_offset = offset
+        offset += bucket.nbytes(encoding)
+    return ordered, offset
