@@ -21,7 +21,10 @@ CASES = {
         "parallelism.pipeline_parallel_degree=2",
     ),
     "unknown_value": (["--flexdemo.value_encoding", "int4"], "value_encoding='int4'"),
-    "unknown_mode": (["--flexdemo.mode", "diloco"], "mode='diloco'"),
+    "cp_with_demo": (
+        ["--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
+        "parallelism.context_parallel_degree=2",
+    ),
     "topk_larger_than_block": (["--flexdemo.topk", "5000"], "topk=5000 is larger than a"),
 }
 

@@ -4,7 +4,10 @@ The stock flavors stay available (e.g. llama3 "debugmodel", "8B"); a stock flavo
 larger vocab also works with the small tokenizer (unused embedding rows).
 """
 
+import dataclasses
+
 from torchtitan.models.llama3 import TransformerModelArgs
+from torchtitan.models.qwen3 import qwen3_args
 
 LLAMA3_EXTRA = {
     # ~77M params: a quick GPU model whose dims are multiples of 64 (whole DCT blocks).
@@ -19,4 +22,12 @@ LLAMA3_EXTRA = {
     ),
 }
 
-EXTRA_FLAVORS = {"llama3": LLAMA3_EXTRA}
+# qwen3's stock small flavors tie tok_embeddings and output weights, which torchtitan
+# 0.2.2's FSDP wrapping (separate fully_shard groups) rejects under torch 2.13, in
+# stock HSDP as well.  Untied copies train with either mode.
+QWEN3_EXTRA = {
+    f"{name}_untied": dataclasses.replace(qwen3_args[name], enable_weight_tying=False)
+    for name in ("debugmodel", "0.6B", "1.7B")
+}
+
+EXTRA_FLAVORS = {"llama3": LLAMA3_EXTRA, "qwen3": QWEN3_EXTRA}

@@ -41,7 +41,7 @@ def format_exchange_line(step: int, s: dict[str, Any], modelled: bool) -> str:
         f"optimizer_step_ms: {1e3 * s['replica_exchange/optimizer_step(s)']:.1f}"
     )
     if modelled:
-        return line + "  (modelled HSDP ring all-reduce, mode=off)"
+        return line + "  (modelled ring all-reduce of HSDP/DDP, mode=off)"
     return line + f"  exchange_ms: {1e3 * s['replica_exchange/exchange(s)']:.1f}"
 
 

@@ -52,9 +52,11 @@ def wrap_parallelize(stock_fn):
         validate_job_config(job_config, int(os.environ.get("WORLD_SIZE", parallel_dims.world_size)))
         if cfg.mode == "demo":
             model = stock_fn(model, shard_only_view(parallel_dims), job_config, *args, **kwargs)
+            shards = parallel_dims.dp_shard * parallel_dims.cp
+            inside = f"FSDP over the fsdp mesh only ({shards} shards)" if shards > 1 else "no FSDP (1 shard)"
             logger.info(
-                f"flexdemo: FSDP over the shard mesh only (fsdp={parallel_dims.dp_shard * parallel_dims.cp}); "
-                f"DeMo exchanges across dp_replicate={parallel_dims.dp_replicate}"
+                f"flexdemo: {inside} inside each replica; DeMo exchanges across "
+                f"dp_replicate={parallel_dims.dp_replicate}"
             )
         else:
             model = stock_fn(model, parallel_dims, job_config, *args, **kwargs)

@@ -27,12 +27,13 @@ def local_named_params(model_parts: list[nn.Module]) -> Iterator[tuple[str, torc
 
 
 def param_digest(model_parts: list[nn.Module]) -> str:
-    """sha256 of this rank's local parameter bytes: a fingerprint to compare in logs."""
-    h = hashlib.sha256()
-    for name, t in local_named_params(model_parts):
-        h.update(name.encode())
-        h.update(t.contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
+    """Fingerprint of this rank's local parameter bits, to compare across replicas in logs.
+    Hashes on the parameters' device (flexdemo.replica_check.tensor_hash); only one small
+    int64 vector comes to the host."""
+    from flexdemo.replica_check import tensor_hash
+
+    hashes = torch.stack([tensor_hash(t) for _, t in local_named_params(model_parts)])
+    return hashlib.sha256(hashes.cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 @torch.no_grad()
