@@ -15,6 +15,12 @@ the IDCT, the subtraction. Here each program owns one ``n1 x n2`` block of the r
   ``idx``/``vals`` in rank order, bitwise like ``mean_of_selected`` (no dense ``M`` at all).
 * :func:`fused_pack_payload` / :func:`fused_unpack_payload`: the payload bit (un)packing of
   :mod:`flexdemo.codec` as one Triton launch per bit stream, same bytes.
+* Grouped variants, ONE launch for many tensors (the per-tensor launches are CPU-bound):
+  :func:`fused_encode_many` and :func:`fused_mean_decode_update_many` take a list of tensors
+  sharing ``group_key(layout, k, encoding) == (n1, n2, k, encoding)``; their ``idx``/``vals`` are
+  the tensors' ``[B_i, k]`` rows concatenated in list order (:func:`group_block_offsets`), which
+  one :func:`fused_pack_payload` / :func:`fused_unpack_payload` call (un)packs as one segment.
+  Per-tensor data (addresses, columns, first block) comes from small cached device tables.
 
 Blocks are numbered row-major over ``(R / n1, C / n2)``, the order of
 :func:`flexdemo.dct.blocks_dct`, and a coefficient's index in its block is ``r * n2 + c``.

@@ -1,16 +1,17 @@
 """Codec benchmark: DeMo encode/decode time and bytes per step for llama3-8B-shaped tensors.
 
 Per tensor of one FSDP shard (rows / --shards) of llama3-8B (dim 4096, ffn 14336, 8 KV heads,
-vocab 128256), it times what one replica does each step:
+vocab 128256), it times what one replica's DeMo optimizer does each step, through the
+optimizer's own bucket code (``--path torch`` or ``--path fused``, the Triton kernels):
 
   encode: momentum update + chunked DCT + top-k + error-feedback IDCT + bit packing
-  decode: unpacking W replicas' payloads + mean over selecting replicas + IDCT + sign
+  decode: unpacking W replicas' payloads + mean over selecting replicas + IDCT + sign + update
 
 against the memory-bound floor of reading and writing the fp32 momentum once (measured
 with an in-place scale), and compares payload bytes with a bf16 ring all-reduce.
 
   python scripts/bench_codec.py --device cpu --layers 1
-  python scripts/bench_codec.py --device cuda --layers 32
+  python scripts/bench_codec.py --device cuda --layers 32 --embeddings --path fused
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import time
 
 import torch
 
+from flexdemo import DeMo
 from flexdemo.codec import payload_nbytes
 from flexdemo.dct import block_layout
-from flexdemo.optim import compress_momentum, decode_direction
 
 DIM, FFN, KV, VOCAB = 4096, 14336, 1024, 128256
 
@@ -57,35 +58,36 @@ def _timed(fn, device, iters):
     return (time.perf_counter() - start) / iters
 
 
+@torch.no_grad()
 def bench(args) -> dict:
     device = torch.device(args.device)
     torch.manual_seed(0)
     full_shapes = llama3_8b_shapes(32, embeddings=True)  # bytes are always for the whole model
     shapes = [shard_shape(s, args.shards) for s in llama3_8b_shapes(args.layers, args.embeddings)]
-    deltas = [torch.randn(s, device=device) for s in shapes]
-    grads = [torch.randn(s, device=device) for s in shapes]
-    layouts = [block_layout(s, args.chunk) for s in shapes]
-    ks = [min(args.topk, L.block_numel) for L in layouts]
-    numel = sum(d.numel() for d in deltas)
+    params = [torch.nn.Parameter(torch.randn(s, device=device)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = DeMo(params, lr=1e-3, compression_topk=args.topk, compression_chunk=args.chunk,
+               value_encoding=args.encoding, fused=args.path == "fused")
+    for p in params:
+        opt.state[p]["delta"] = torch.randn_like(p)
+    buckets, total = opt._plan()
+    deltas = [opt.state[p]["delta"] for p in params]
+    numel = sum(p.numel() for p in params)
 
     def floor():
         for d in deltas:
             d.mul_(1.0)  # one read + one write of the momentum
 
     def encode():
-        out = []
-        for d, g, L, k in zip(deltas, grads, layouts, ks):
-            d.mul_(0.999).add_(g, alpha=1e-3)
-            out.append(compress_momentum(d, L, k, args.encoding))
-        return out
+        return [opt._encode_bucket(b) for b in buckets]
 
-    payloads = encode()
-    # W replicas' payloads for each tensor (copies of ours: decode cost does not depend on content).
-    gathered = [p.unsqueeze(0).expand(args.replicas, -1).contiguous() for p in payloads]
+    # W replicas' payloads (copies of ours: decode cost does not depend on content).
+    gathered = torch.cat(encode()).unsqueeze(0).expand(args.replicas, -1).contiguous()
 
     def decode():
-        for g, L, k in zip(gathered, layouts, ks):
-            decode_direction(g, L, k, args.encoding, torch.float32)
+        for b in buckets:
+            opt._decode_bucket(b, gathered[:, b.byte_offset : b.byte_offset + b.nbytes(args.encoding)])
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -122,6 +124,9 @@ def bench(args) -> dict:
         "topk": args.topk,
         "chunk": args.chunk,
         "encoding": args.encoding,
+        "path": args.path,
+        "fused_buckets": sum(opt._bucket_is_fused(b) for b in buckets),
+        "buckets": len(buckets),
         "floor_ms": t_floor * 1e3,
         "encode_ms": t_enc * 1e3,
         "decode_ms": t_dec * 1e3,
@@ -146,6 +151,7 @@ def main():
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--encoding", default="sign", choices=["sign", "bf16", "fp32"])
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--path", default="torch", choices=["torch", "fused"], help="optimizer path to time")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 matmuls for the DCT (CUDA)")
     ap.add_argument("--profile", action="store_true", help="print the top kernels of one encode+decode")
     ap.add_argument("--json", help="also write the result here")

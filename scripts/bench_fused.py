@@ -6,6 +6,9 @@ Per tensor of rank 0's FSDP shard of llama3-8B it times what one replica does ea
   encode_fused_pack: fused_encode + fused_pack_payload (Triton bit packing, same bytes)
   decode: unpack_payload + mean_of_selected + fused_decode_update (IDCT + sign + param update)
   decode_all_fused: fused_unpack_payload + fused_mean_decode_update (no dense mean either)
+  encode_grouped: tensors bucketed by fused_codec.group_key; per group ONE fused_encode_many +
+      ONE fused_pack_payload over the group's concatenated idx/vals
+  decode_grouped: per group ONE fused_unpack_payload + ONE fused_mean_decode_update_many
 
 Tensors the fused kernels do not support (1-D norms) take the torch path in every column. The
 torch path is timed too (same card, same run), and before timing the first tensor is checked
@@ -32,10 +35,14 @@ from flexdemo.dct import block_layout, blocks_dct, blocks_idct  # noqa: E402
 from flexdemo.fused_codec import (  # noqa: E402
     fused_decode_update,
     fused_encode,
+    fused_encode_many,
     fused_mean_decode_update,
+    fused_mean_decode_update_many,
     fused_pack_payload,
     fused_supported,
     fused_unpack_payload,
+    group_block_offsets,
+    group_key,
 )
 from flexdemo.optim import compress_momentum, decode_direction  # noqa: E402
 
@@ -102,6 +109,39 @@ def verify(delta, grad, layout, k, encoding, precision, replicas) -> dict:
     }
 
 
+def _bits_equal(a, b) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def verify_grouped(groups, deltas, grads, params, layouts, ks, enc, prec, replicas, per_group=4) -> dict:
+    """Grouped vs per-tensor fused kernels on the first `per_group` tensors of every group: bitwise."""
+    bad = []
+    for key, members in groups.items():
+        ids = members[:per_group]
+        Ls, k = [layouts[i] for i in ids], ks[ids[0]]
+        d_ref = [deltas[i].clone() for i in ids]
+        d_grp = [deltas[i].clone() for i in ids]
+        ref = [fused_encode(d, grads[i], LR, DECAY, layouts[i], k, enc, precision=prec) for d, i in zip(d_ref, ids)]
+        idx, vals = fused_encode_many(d_grp, [grads[i] for i in ids], LR, DECAY, Ls, k, enc, precision=prec)
+        offs = group_block_offsets(Ls)
+        g_idx = torch.stack([idx.roll(w, 0) for w in range(replicas)])
+        g_vals = torch.stack([vals.roll(w, 0) * (w + 1) for w in range(replicas)])
+        p_ref = [params[i].clone() for i in ids]
+        p_grp = [params[i].clone() for i in ids]
+        for j, (p, L) in enumerate(zip(p_ref, Ls)):
+            sl = slice(offs[j], offs[j + 1])
+            fused_mean_decode_update(p, g_idx[:, sl], g_vals[:, sl], PARAM_LR, L, precision=prec)
+        fused_mean_decode_update_many(p_grp, g_idx, g_vals, PARAM_LR, Ls, precision=prec)
+        for j, i in enumerate(ids):
+            sl = slice(offs[j], offs[j + 1])
+            ok = (torch.equal(idx[sl], ref[j][0]) and _bits_equal(vals[sl], ref[j][1])
+                  and _bits_equal(d_grp[j], d_ref[j]) and _bits_equal(p_grp[j], p_ref[j]))
+            if not ok:
+                bad.append([str(key), i])
+    return {"groups": len(groups), "tensors_checked": sum(min(len(m), per_group) for m in groups.values()),
+            "mismatching": bad, "all_bitwise_equal": not bad}
+
+
 def bench(args) -> dict:
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -119,6 +159,19 @@ def bench(args) -> dict:
     check = verify(deltas[first], grads[first], layouts[first], ks[first], enc, prec, W)
     print(json.dumps({"verify": check}), file=sys.stderr)
 
+    # Groups for the grouped path: fused tensors bucketed by group_key, list order kept.
+    groups: dict = {}
+    for i, (L, k, f) in enumerate(zip(layouts, ks, fused)):
+        if f:
+            groups.setdefault(group_key(L, k, enc), []).append(i)
+    unfused = [i for i, f in enumerate(fused) if not f]
+    check_grouped = verify_grouped(groups, deltas, grads, params, layouts, ks, enc, prec, W)
+    print(json.dumps({"verify_grouped": check_grouped}), file=sys.stderr)
+    g_layouts = {key: [layouts[i] for i in ids] for key, ids in groups.items()}
+    g_deltas = {key: [deltas[i] for i in ids] for key, ids in groups.items()}
+    g_grads = {key: [grads[i] for i in ids] for key, ids in groups.items()}
+    g_params = {key: [params[i] for i in ids] for key, ids in groups.items()}
+
     def floor():
         for d in deltas:
             d.mul_(1.0)
@@ -133,14 +186,14 @@ def bench(args) -> dict:
                     out.append(pack(idx, vals, L.block_numel, enc))
                 else:
                     d.mul_(DECAY).add_(g, alpha=LR)
-                    out.append(compress_momentum(d, L, k, enc))
+                    out.append(pack_payload(*compress_momentum(d, L, k, enc), L.block_numel, enc))
             return out
         return run
 
     def encode_torch():
         for d, g, L, k in zip(deltas, grads, layouts, ks):
             d.mul_(DECAY).add_(g, alpha=LR)
-            compress_momentum(d, L, k, enc)
+            pack_payload(*compress_momentum(d, L, k, enc), L.block_numel, enc)
 
     payloads = encode(False)()
     gathered = [p.unsqueeze(0).expand(W, -1).contiguous() for p in payloads]
@@ -158,6 +211,29 @@ def bench(args) -> dict:
                     fused_decode_update(p, mean_of_selected(idx, vals, L.block_numel), PARAM_LR, L, precision=prec)
         return run
 
+    def encode_grouped():
+        out = {}
+        for key, ids in groups.items():
+            (n1, n2, k, _), Ls = key, g_layouts[key]
+            idx, vals = fused_encode_many(g_deltas[key], g_grads[key], LR, DECAY, Ls, k, enc, precision=prec)
+            out[key] = fused_pack_payload(idx, vals, n1 * n2, enc)
+        for i in unfused:
+            deltas[i].mul_(DECAY).add_(grads[i], alpha=LR)
+            out[i] = pack_payload(*compress_momentum(deltas[i], layouts[i], ks[i], enc), layouts[i].block_numel, enc)
+        return out
+
+    g_payloads = encode_grouped()
+    g_gathered = {key: p.unsqueeze(0).expand(W, -1).contiguous() for key, p in g_payloads.items()}
+    g_blocks = {key: group_block_offsets(Ls)[-1] for key, Ls in g_layouts.items()}
+
+    def decode_grouped():
+        for key in groups:
+            n1, n2, k, _ = key
+            idx, vals = fused_unpack_payload(g_gathered[key], g_blocks[key], k, n1 * n2, enc)
+            fused_mean_decode_update_many(g_params[key], idx, vals, PARAM_LR, g_layouts[key], precision=prec)
+        for i in unfused:
+            params[i].add_(decode_direction(g_gathered[i], layouts[i], ks[i], enc, torch.float32), alpha=-PARAM_LR)
+
     def decode_torch():
         for p, g, L, k in zip(params, gathered, layouts, ks):
             p.add_(decode_direction(g, L, k, enc, torch.float32), alpha=-PARAM_LR)
@@ -171,6 +247,8 @@ def bench(args) -> dict:
             encode(True)()
             decode(False)()
             decode(True)()
+            encode_grouped()
+            decode_grouped()
             _sync(device)
         key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
         print(prof.key_averages().table(sort_by=key, row_limit=25), file=sys.stderr)
@@ -180,6 +258,8 @@ def bench(args) -> dict:
     t_enc_fp = _timed(encode(True), device, args.iters)
     t_dec = _timed(decode(False), device, args.iters)
     t_dec_all = _timed(decode(True), device, args.iters)
+    t_enc_g = _timed(encode_grouped, device, args.iters)
+    t_dec_g = _timed(decode_grouped, device, args.iters)
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -195,13 +275,18 @@ def bench(args) -> dict:
         "encoding": enc,
         "precision": prec,
         "verify": check,
+        "verify_grouped": check_grouped,
+        "groups": {f"{k[0]}x{k[1]} k={k[2]} {k[3]}": len(ids) for k, ids in groups.items()},
         "floor_ms": t_floor * 1e3,
         "encode_ms": t_enc * 1e3,
         "encode_fused_pack_ms": t_enc_fp * 1e3,
         "decode_ms": t_dec * 1e3,
         "decode_all_fused_ms": t_dec_all * 1e3,
+        "encode_grouped_ms": t_enc_g * 1e3,
+        "decode_grouped_ms": t_dec_g * 1e3,
         "encode_plus_decode_over_floor": (t_enc + t_dec) / t_floor,
         "all_fused_encode_plus_decode_over_floor": (t_enc_fp + t_dec_all) / t_floor,
+        "grouped_encode_plus_decode_over_floor": (t_enc_g + t_dec_g) / t_floor,
     }
     if not args.no_torch:
         t_enc_t = _timed(encode_torch, device, args.iters)

@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# One device call: codec benchmark on the GPU for every value encoding, JSON into $OUT (or ./outputs).
+# One device call: codec benchmarks on one GPU, JSON into $OUT (or ./outputs/codec_bench).
+#   optimizer path (bench_codec.py): torch vs fused for sign, fused for bf16 / fp32;
+#   kernel level (bench_fused.py): per-tensor vs grouped launches, bitwise checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR="${OUT:-outputs}"; mkdir -p "$OUT_DIR"
+OUT_DIR="${OUT:-outputs/codec_bench}"; mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 scripts/bench_codec.py --device cuda --layers 4 --iters 3 --profile > "$OUT_DIR/profile.txt" 2>&1 || cat "$OUT_DIR/profile.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
+B="python3 scripts/bench_codec.py --device cuda --layers 32 --embeddings --iters 5"
+$B --path torch --encoding sign --json "$OUT_DIR/codec_torch_sign.json" > /dev/null
 for enc in sign bf16 fp32; do
-  python3 scripts/bench_codec.py --device cuda --layers 32 --embeddings --iters 5 --encoding "$enc" --json "$OUT_DIR/codec_cuda_$enc.json"
+  $B --path fused --encoding "$enc" --json "$OUT_DIR/codec_fused_$enc.json" > /dev/null
 done
-python3 scripts/bench_codec.py --device cuda --layers 32 --embeddings --iters 5 --encoding sign --tf32 --json "$OUT_DIR/codec_cuda_sign_tf32.json"
+python3 scripts/bench_fused.py --device cuda --layers 32 --embeddings --iters 5 --json "$OUT_DIR/kernels.json" > "$OUT_DIR/kernels.txt" 2>&1
+python3 - "$OUT_DIR" <<'PY'
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+for f in sorted(d.glob("codec_*.json")):
+    r = json.loads(f.read_text())
+    print(f"{f.stem:22s} floor {r['floor_ms']:6.2f} ms  encode {r['encode_ms']:7.2f}  decode {r['decode_ms']:7.2f}  "
+          f"(enc+dec)/floor {r['encode_plus_decode_over_floor']:6.1f}  fused buckets {r['fused_buckets']}/{r['buckets']}")
+k = json.loads((d / "kernels.json").read_text())
+print({key: v for key, v in k.items() if key.endswith("_ms") or key.startswith("verify_grouped")})
+PY
