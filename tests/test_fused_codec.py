@@ -9,24 +9,14 @@ every later test of the session; without it the module skips:
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from triton_interpreter import fused_codec_or_skip
 
 from flexdemo.codec import mean_of_selected, pack_payload, select_topk, sent_values, unpack_payload
 from flexdemo.dct import block_layout, blocks_dct, blocks_idct
 
-if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("needs TRITON_INTERPRET=1 (Triton interpreter on CPU) for the whole pytest run",
-                allow_module_level=True)
-try:
-    from flexdemo import fused_codec as fc
-except Exception as e:  # pragma: no cover
-    pytest.skip(f"triton unavailable: {e}", allow_module_level=True)
-if not (fc._HAVE_TRITON and fc._INTERPRET):
-    pytest.skip("triton unavailable, or flexdemo.fused_codec imported before TRITON_INTERPRET was set",
-                allow_module_level=True)
+fc = fused_codec_or_skip()
 
 DEV = torch.device("cpu")
 LR, DECAY = 1e-3, 0.9
