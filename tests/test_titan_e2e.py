@@ -68,20 +68,28 @@ def test_demo_replicas_bit_identical(demo_run):
 
 
 def _expected_bytes_per_step(shard: int, shards: int = 2, chunk: int = 64, topk: int = 32) -> int:
-    """sum over params of the codec payload of this rank's FSDP shard (dim 0, torch.chunk)."""
+    """The payload formula for this rank's FSDP shard (dim 0, torch.chunk): tensors that
+    share a block shape form one bucket of ceil(blocks*k*12/8) index bytes + ceil(blocks*k/8)
+    sign bytes."""
     from torchtitan.models.llama3 import llama3_args, Transformer
 
-    from flexdemo.codec import payload_nbytes
+    from flexdemo.bitpack import bits_for
     from flexdemo.dct import block_layout
 
     with torch.device("meta"):
         model = Transformer(llama3_args["debugmodel"])
-    total = 0
+    blocks_per_bucket = {}
     for p in model.parameters():
         rows = -(-p.shape[0] // shards)
         local_rows = max(0, min(p.shape[0], (shard + 1) * rows) - shard * rows)
-        local = (local_rows, *p.shape[1:])
-        total += payload_nbytes(block_layout(local, chunk), topk, "sign")
+        layout = block_layout((local_rows, *p.shape[1:]), chunk)
+        if layout.num_blocks:
+            key = (layout.n1, layout.n2, min(topk, layout.block_numel))
+            blocks_per_bucket[key] = blocks_per_bucket.get(key, 0) + layout.num_blocks
+    total = 0
+    for (n1, n2, k), blocks in blocks_per_bucket.items():
+        count = blocks * k
+        total += -(-count * bits_for(n1 * n2) // 8) + -(-count // 8)
     return total
 
 
