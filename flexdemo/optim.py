@@ -76,7 +76,7 @@ class DeMo(torch.optim.Optimizer):
         self.replica_world_size = dist.get_world_size(replicate_group) if self._distributed else 1
         self.last_step_bytes_sent = 0
         self.last_step_bytes_received = 0
-        self.last_step_exchange_seconds = 0.0
+        self._exchange_timer = None
         _check_meshes(self._trainable(), replicate_group if self._distributed else None)
         if self._distributed:
             self._check_replicas_agree_on_shapes()
@@ -210,17 +210,22 @@ class DeMo(torch.optim.Optimizer):
         device = _local(buckets[0].members[0].param).device if buckets else self._device()
         mine = torch.cat(payloads) if payloads else torch.empty(0, dtype=torch.uint8, device=device)
         assert mine.numel() == total, (mine.numel(), total)
-        start = time.perf_counter()
+        timer = _ExchangeTimer(mine.device)
         if W == 1 or not self._distributed or total == 0:
             gathered = mine.unsqueeze(0)
         else:
             gathered = torch.empty(W * total, dtype=torch.uint8, device=mine.device)
             dist.all_gather_into_tensor(gathered, mine, group=self.replicate_group)
             gathered = gathered.view(W, total)
-        self.last_step_exchange_seconds = time.perf_counter() - start
+        self._exchange_timer = timer.stop()
         self.last_step_bytes_sent = total
         self.last_step_bytes_received = (W - 1) * total
         return gathered
+
+    @property
+    def last_step_exchange_seconds(self) -> float:
+        """Wall time of the last step's all_gather (on CUDA: between stream events, read lazily)."""
+        return self._exchange_timer.seconds() if self._exchange_timer is not None else 0.0
 
     def _device(self) -> torch.device:
         return _collective_device(self._trainable(), self.replicate_group)
@@ -248,6 +253,33 @@ def decode_direction(
     """``[replicas, nbytes]`` payloads of one tensor -> ``sign(IDCT(mean over selecting replicas))``."""
     idx, vals = unpack_payload(payloads, layout.num_blocks, k, layout.block_numel, encoding, dtype)
     return blocks_idct(mean_of_selected(idx, vals, layout.block_numel), layout).sign_()
+
+
+class _ExchangeTimer:
+    """Times the exchange without a host sync: CUDA collectives are asynchronous, so on CUDA
+    two stream events bracket it and the elapsed time is read only when asked for."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.start = time.perf_counter()
+
+    def stop(self) -> "_ExchangeTimer":
+        if self.cuda:
+            self.end.record()
+        else:
+            self.elapsed = time.perf_counter() - self.start
+        return self
+
+    def seconds(self) -> float:
+        if self.cuda:
+            self.end.synchronize()
+            return self.begin.elapsed_time(self.end) / 1e3
+        return self.elapsed
 
 
 def _check_hparams(lr, decay, topk, chunk, weight_decay) -> None:
