@@ -41,12 +41,17 @@ def value_nbytes(count: int, encoding: str) -> int:
     return packed_nbytes(count, 1)
 
 
+def coefficients_nbytes(count: int, block_numel: int, encoding: str) -> int:
+    """Bytes of one bit stream of ``count`` kept coefficients of ``block_numel``-sized blocks."""
+    if count == 0:
+        return 0
+    return packed_nbytes(count, bits_for(block_numel)) + value_nbytes(count, encoding)
+
+
 def payload_nbytes(layout: BlockLayout, topk: int, encoding: str) -> int:
     """Bytes one rank sends for one tensor (0 for an empty local shard)."""
-    if layout.num_blocks == 0:
-        return 0
     count = layout.num_blocks * clamp_topk(topk, layout.block_numel)
-    return packed_nbytes(count, bits_for(layout.block_numel)) + value_nbytes(count, encoding)
+    return coefficients_nbytes(count, layout.block_numel, encoding)
 
 
 def select_topk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

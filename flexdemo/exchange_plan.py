@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flexdemo.bitpack import bits_for, packed_nbytes
-from flexdemo.codec import clamp_topk, value_nbytes
+from flexdemo.codec import clamp_topk, coefficients_nbytes
 from flexdemo.dct import BlockLayout, block_layout
 
 
@@ -35,6 +34,7 @@ class Bucket:
     members: list[Member] = field(default_factory=list)
     num_blocks: int = 0
     byte_offset: int = 0  # where this bucket starts in the step's payload
+    fused: bool = False  # set by the optimizer: Triton kernels (True) or torch ops
 
     @property
     def block_numel(self) -> int:
@@ -46,10 +46,7 @@ class Bucket:
 
 def bucket_nbytes(num_blocks: int, k: int, block_numel: int, encoding: str) -> int:
     """``ceil(blocks*k*bits/8) + value bytes``: the payload formula for one bucket."""
-    if num_blocks == 0:
-        return 0
-    count = num_blocks * k
-    return packed_nbytes(count, bits_for(block_numel)) + value_nbytes(count, encoding)
+    return coefficients_nbytes(num_blocks * k, block_numel, encoding)
 
 
 def build_plan(

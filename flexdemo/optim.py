@@ -29,11 +29,7 @@ from flexdemo.dct import BlockLayout, blocks_dct, blocks_idct
 from flexdemo.exchange_plan import Bucket, build_plan
 from flexdemo.fused_bucket import fused_decode_bucket, fused_encode_bucket
 from flexdemo.fused_codec import fused_pack_payload, fused_supported, fused_unpack_payload
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The rank-local tensor (a view sharing storage) of a DTensor, or the tensor itself."""
-    return t.to_local() if isinstance(t, DTensor) else t
+from flexdemo.local import local_tensor as _local
 
 
 class DeMo(torch.optim.Optimizer):
@@ -132,6 +128,9 @@ class DeMo(torch.optim.Optimizer):
             chunks = [g["compression_chunk"] for g in self.param_groups]
             topks = [g["compression_topk"] for g in self.param_groups]
             self._cached_plan = build_plan(entries, chunks, topks, self.value_encoding)
+            # Which path a bucket takes depends only on its tensors' layout, dtype and device.
+            for b in self._cached_plan[0]:
+                b.fused = self._fused_applies(b)
         return self._cached_plan
 
     def add_param_group(self, param_group) -> None:
@@ -139,6 +138,9 @@ class DeMo(torch.optim.Optimizer):
         self._cached_plan = None
 
     def _bucket_is_fused(self, bucket: Bucket) -> bool:
+        return bucket.fused
+
+    def _fused_applies(self, bucket: Bucket) -> bool:
         if self.fused is False:
             return False
         return all(
@@ -201,8 +203,7 @@ class DeMo(torch.optim.Optimizer):
         idx, vals = unpack_payload(payloads, b.num_blocks, b.k, b.block_numel, enc, b.dtype)
         for m in b.members:
             rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
-            direction = blocks_idct(mean_of_selected(idx[:, rows], vals[:, rows], b.block_numel), m.layout).sign_()
-            _local(m.param).add_(direction, alpha=-lr)
+            _local(m.param).add_(sign_of_mean(idx[:, rows], vals[:, rows], m.layout), alpha=-lr)
 
     def _exchange(self, payloads: list[torch.Tensor], total: int, buckets: list[Bucket]) -> torch.Tensor:
         """One all_gather of every bucket's payload: returns ``[replicas, total]`` bytes."""
@@ -247,12 +248,17 @@ def compress_momentum(
     return idx, vals
 
 
+def sign_of_mean(idx: torch.Tensor, vals: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    """Replicas' ``[W, B, k]`` coefficients of one tensor -> ``sign(IDCT(mean over selecting replicas))``."""
+    return blocks_idct(mean_of_selected(idx, vals, layout.block_numel), layout).sign_()
+
+
 def decode_direction(
     payloads: torch.Tensor, layout: BlockLayout, k: int, encoding: str, dtype: torch.dtype
 ) -> torch.Tensor:
     """``[replicas, nbytes]`` payloads of one tensor -> ``sign(IDCT(mean over selecting replicas))``."""
     idx, vals = unpack_payload(payloads, layout.num_blocks, k, layout.block_numel, encoding, dtype)
-    return blocks_idct(mean_of_selected(idx, vals, layout.block_numel), layout).sign_()
+    return sign_of_mean(idx, vals, layout)
 
 
 class _ExchangeTimer:

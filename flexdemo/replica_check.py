@@ -12,7 +12,8 @@ from typing import Iterable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+
+from flexdemo.local import local_tensor
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK = 1 << 22  # elements hashed at a time, to bound the temporary memory
@@ -35,9 +36,7 @@ def tensor_hash(t: torch.Tensor) -> torch.Tensor:
     arithmetic wraps, which is exact modular arithmetic, so the result does not depend on
     the reduction order and equal bits always give equal hashes.
     """
-    if isinstance(t, DTensor):
-        t = t.to_local()
-    flat = t.detach().reshape(-1)
+    flat = local_tensor(t).detach().reshape(-1)
     if flat.is_floating_point() or flat.is_complex():
         flat = flat.view(_INT_VIEW[flat.element_size()])
     total = torch.zeros((), dtype=torch.int64, device=flat.device)
@@ -53,16 +52,17 @@ def check_replicas_identical(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     group: dist.ProcessGroup | None = None,
     world_group: dist.ProcessGroup | None = None,
-) -> None:
+) -> torch.Tensor | None:
     """Raise :class:`ReplicaMismatchError` naming the first tensor that differs across ``group``.
 
     Every rank of ``world_group`` (default: the whole world) must call this with its own
-    tensors in the same order; all of them raise, or none does.
+    tensors in the same order; all of them raise, or none does. Returns this rank's
+    per-tensor hashes (int64, one per tensor; None without a process group or tensors).
     """
     named = list(named_tensors)
     if not dist.is_initialized() or not named:
-        return
-    device = (named[0][1].to_local() if isinstance(named[0][1], DTensor) else named[0][1]).device
+        return None
+    device = local_tensor(named[0][1]).device
     hashes = torch.stack([tensor_hash(t).to(device) for _, t in named])
     size = dist.get_world_size(group)
     gathered = torch.empty(size * len(named), dtype=torch.int64, device=device)
@@ -79,3 +79,4 @@ def check_replicas_identical(
         ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
         bad_ranks = [ranks[r] for r in range(size) if gathered[r, first_bad] != gathered[0, first_bad]]
         raise ReplicaMismatchError(named[first_bad][0], [ranks[0]] + bad_ranks if bad_ranks else [])
+    return hashes
