@@ -17,46 +17,14 @@ with an in-place scale), and compares payload bytes with a bf16 ring all-reduce.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import time
 
 import torch
+from bench_common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, timed
 
 from flexdemo import DeMo
 from flexdemo.codec import payload_nbytes
 from flexdemo.dct import block_layout
-
-DIM, FFN, KV, VOCAB = 4096, 14336, 1024, 128256
-
-
-def llama3_8b_shapes(layers: int, embeddings: bool) -> list[tuple[int, ...]]:
-    layer = [(DIM, DIM), (KV, DIM), (KV, DIM), (DIM, DIM), (FFN, DIM), (DIM, FFN), (FFN, DIM), (DIM,), (DIM,)]
-    shapes = layer * layers + [(DIM,)]
-    if embeddings:
-        shapes += [(VOCAB, DIM), (VOCAB, DIM)]
-    return shapes
-
-
-def shard_shape(shape: tuple[int, ...], shards: int) -> tuple[int, ...]:
-    """Rank 0's FSDP2 shard: dim 0 split into ceil(rows / shards) rows."""
-    return ((shape[0] + shards - 1) // shards,) + tuple(shape[1:])
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _timed(fn, device, iters):
-    fn()  # warm-up (basis caches, allocator)
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - start) / iters
-
 
 @torch.no_grad()
 def bench(args) -> dict:
@@ -90,19 +58,11 @@ def bench(args) -> dict:
             opt._decode_bucket(b, gathered[:, b.byte_offset : b.byte_offset + b.nbytes(args.encoding)])
 
     if args.profile:
-        from torch.profiler import ProfilerActivity, profile
+        print_profile([encode, decode], device)
 
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=acts) as prof:
-            encode()
-            decode()
-            _sync(device)
-        key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-        print(prof.key_averages().table(sort_by=key, row_limit=25))
-
-    t_floor = _timed(floor, device, args.iters)
-    t_enc = _timed(encode, device, args.iters)
-    t_dec = _timed(decode, device, args.iters)
+    t_floor = timed(floor, device, args.iters)
+    t_enc = timed(encode, device, args.iters)
+    t_dec = timed(decode, device, args.iters)
 
     full_numel = sum(torch.Size(shard_shape(s, args.shards)).numel() for s in full_shapes)
     payload = {
@@ -142,30 +102,14 @@ def bench(args) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--layers", type=int, default=1, help="transformer layers to time (bytes are for all 32)")
-    ap.add_argument("--embeddings", action="store_true", help="also time the embedding and output shards")
-    ap.add_argument("--shards", type=int, default=8, help="FSDP shards per node (rank 0's shard is timed)")
-    ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--topk", type=int, default=32)
-    ap.add_argument("--chunk", type=int, default=64)
-    ap.add_argument("--encoding", default="sign", choices=["sign", "bf16", "fp32"])
-    ap.add_argument("--iters", type=int, default=5)
+    add_tensor_set_args(ap, "cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--path", default="torch", choices=["torch", "fused"], help="optimizer path to time")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 matmuls for the DCT (CUDA)")
-    ap.add_argument("--profile", action="store_true", help="print the top kernels of one encode+decode")
-    ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args()
-    if args.device == "cpu":
-        torch.set_num_threads(max(1, torch.get_num_threads()))
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     result = bench(args)
     result["tf32"] = args.tf32
-    print(json.dumps(result, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-
+    emit(result, args.json)
 
 if __name__ == "__main__":
     main()

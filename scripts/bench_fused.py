@@ -23,12 +23,11 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_codec import llama3_8b_shapes, shard_shape  # noqa: E402
+from bench_common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, sync, timed  # noqa: E402,E501
 
 from flexdemo.codec import mean_of_selected, pack_payload, select_topk, sent_values, unpack_payload  # noqa: E402
 from flexdemo.dct import block_layout, blocks_dct, blocks_idct  # noqa: E402
@@ -47,21 +46,6 @@ from flexdemo.fused_codec import (  # noqa: E402
 from flexdemo.optim import compress_momentum, decode_direction  # noqa: E402
 
 LR, DECAY, PARAM_LR = 1e-3, 0.999, 1e-2
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _timed(fn, device, iters):
-    fn()  # warm-up: Triton compiles, basis caches, allocator
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - start) / iters
 
 
 def verify(delta, grad, layout, k, encoding, precision, replicas) -> dict:
@@ -239,27 +223,16 @@ def bench(args) -> dict:
             p.add_(decode_direction(g, L, k, enc, torch.float32), alpha=-PARAM_LR)
 
     if args.profile:
-        from torch.profiler import ProfilerActivity, profile
+        print_profile([encode(False), encode(True), decode(False), decode(True), encode_grouped, decode_grouped],
+                      device, file=sys.stderr)
 
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=acts) as prof:
-            encode(False)()
-            encode(True)()
-            decode(False)()
-            decode(True)()
-            encode_grouped()
-            decode_grouped()
-            _sync(device)
-        key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-        print(prof.key_averages().table(sort_by=key, row_limit=25), file=sys.stderr)
-
-    t_floor = _timed(floor, device, args.iters)
-    t_enc = _timed(encode(False), device, args.iters)
-    t_enc_fp = _timed(encode(True), device, args.iters)
-    t_dec = _timed(decode(False), device, args.iters)
-    t_dec_all = _timed(decode(True), device, args.iters)
-    t_enc_g = _timed(encode_grouped, device, args.iters)
-    t_dec_g = _timed(decode_grouped, device, args.iters)
+    t_floor = timed(floor, device, args.iters)
+    t_enc = timed(encode(False), device, args.iters)
+    t_enc_fp = timed(encode(True), device, args.iters)
+    t_dec = timed(decode(False), device, args.iters)
+    t_dec_all = timed(decode(True), device, args.iters)
+    t_enc_g = timed(encode_grouped, device, args.iters)
+    t_dec_g = timed(decode_grouped, device, args.iters)
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -289,8 +262,8 @@ def bench(args) -> dict:
         "grouped_encode_plus_decode_over_floor": (t_enc_g + t_dec_g) / t_floor,
     }
     if not args.no_torch:
-        t_enc_t = _timed(encode_torch, device, args.iters)
-        t_dec_t = _timed(decode_torch, device, args.iters)
+        t_enc_t = timed(encode_torch, device, args.iters)
+        t_dec_t = timed(decode_torch, device, args.iters)
         result.update({
             "torch_encode_ms": t_enc_t * 1e3,
             "torch_decode_ms": t_dec_t * 1e3,
@@ -301,28 +274,13 @@ def bench(args) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--layers", type=int, default=1, help="transformer layers to time")
-    ap.add_argument("--embeddings", action="store_true", help="also time the embedding and output shards")
-    ap.add_argument("--shards", type=int, default=8, help="FSDP shards per node (rank 0's shard is timed)")
-    ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--topk", type=int, default=32)
-    ap.add_argument("--chunk", type=int, default=64)
-    ap.add_argument("--encoding", default="sign", choices=["sign", "bf16", "fp32"])
+    add_tensor_set_args(ap, "cuda")
     ap.add_argument("--precision", default="ieee", choices=["ieee", "tf32x3", "tf32"],
                     help="tl.dot input precision in the fused kernels")
-    ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true", help="skip timing the torch path")
-    ap.add_argument("--profile", action="store_true", help="print the top kernels of one encode+decode")
-    ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the torch path in fp32, as in bench_codec's default
-    result = bench(args)
-    print(json.dumps(result, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-
+    emit(bench(args), args.json)
 
 if __name__ == "__main__":
     main()
