@@ -2,7 +2,7 @@
 
 Per tensor of one FSDP shard (rows / --shards) of llama3-8B (dim 4096, ffn 14336, 8 KV heads,
 vocab 128256), it times what one replica's DeMo optimizer does each step, through the
-optimizer's own bucket code (``--path torch`` or ``--path fused``, the Triton kernels):
+compression component DeMo.step runs (``--path torch`` or ``--path fused``, the Triton kernels):
 
   encode: momentum update + chunked DCT + top-k + error-feedback IDCT + bit packing
   decode: unpacking W replicas' payloads + mean over selecting replicas + IDCT + sign + update
@@ -22,9 +22,9 @@ import platform
 import torch
 from bench_common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, timed
 
-from flexdemo import DeMo
-from flexdemo.codec import payload_nbytes
-from flexdemo.dct import block_layout
+from flexdemo.compression import TopkCompressor
+from flexdemo.compression.codec import payload_nbytes
+from flexdemo.compression.dct import block_layout
 
 @torch.no_grad()
 def bench(args) -> dict:
@@ -35,12 +35,11 @@ def bench(args) -> dict:
     params = [torch.nn.Parameter(torch.randn(s, device=device)) for s in shapes]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = DeMo(params, lr=1e-3, compression_topk=args.topk, compression_chunk=args.chunk,
-               value_encoding=args.encoding, fused=args.path == "fused")
-    for p in params:
-        opt.state[p]["delta"] = torch.randn_like(p)
-    buckets, total = opt._plan()
-    deltas = [opt.state[p]["delta"] for p in params]
+    # The optimizer's own compression path (what DeMo.step runs), with a random momentum.
+    comp = TopkCompressor([params], [args.chunk], [args.topk], args.encoding, None, fused=args.path == "fused")
+    buckets = comp.buckets
+    delta_of = {id(p): torch.randn_like(p) for p in params}
+    deltas = list(delta_of.values())
     numel = sum(p.numel() for p in params)
 
     def floor():
@@ -48,14 +47,16 @@ def bench(args) -> dict:
             d.mul_(1.0)  # one read + one write of the momentum
 
     def encode():
-        return [opt._encode_bucket(b) for b in buckets]
+        return [comp.encode(b, [delta_of[id(m.param)] for m in b.members], [m.param.grad for m in b.members],
+                            scale=1e-3, decay=0.999) for b in buckets]
 
     # W replicas' payloads (copies of ours: decode cost does not depend on content).
     gathered = torch.cat(encode()).unsqueeze(0).expand(args.replicas, -1).contiguous()
 
     def decode():
         for b in buckets:
-            opt._decode_bucket(b, gathered[:, b.byte_offset : b.byte_offset + b.nbytes(args.encoding)])
+            idx, vals = comp.unpack(b, gathered)
+            comp.decode_sign_update(b, idx, vals, [m.param.data for m in b.members], 1e-3)
 
     if args.profile:
         print_profile([encode, decode], device)
@@ -68,7 +69,7 @@ def bench(args) -> dict:
     payload = {
         enc: sum(payload_nbytes(block_layout(shard_shape(s, args.shards), args.chunk), args.topk, enc)
                  for s in full_shapes)
-        for enc in ("sign", "bf16", "fp32")
+        for enc in ("sign", "scaled_sign", "bf16", "fp32")
     }
     W = args.replicas
     allreduce_bf16 = 2 * (W - 1) / W * 2 * full_numel  # bytes each rank sends in a ring all-reduce
@@ -85,7 +86,7 @@ def bench(args) -> dict:
         "chunk": args.chunk,
         "encoding": args.encoding,
         "path": args.path,
-        "fused_buckets": sum(opt._bucket_is_fused(b) for b in buckets),
+        "fused_buckets": sum(b.fused for b in buckets),
         "buckets": len(buckets),
         "floor_ms": t_floor * 1e3,
         "encode_ms": t_enc * 1e3,

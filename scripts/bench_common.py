@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from flexdemo.compression.codec import VALUE_ENCODINGS
+
 DIM, FFN, KV, VOCAB = 4096, 14336, 1024, 128256
 
 
@@ -62,7 +64,7 @@ def add_tensor_set_args(ap: argparse.ArgumentParser, default_device: str) -> Non
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--topk", type=int, default=32)
     ap.add_argument("--chunk", type=int, default=64)
-    ap.add_argument("--encoding", default="sign", choices=["sign", "bf16", "fp32"])
+    ap.add_argument("--encoding", default="sign", choices=list(VALUE_ENCODINGS))
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="print the top kernels of one encode+decode")
     ap.add_argument("--json", help="also write the result here")

@@ -6,7 +6,7 @@ Per tensor of rank 0's FSDP shard of llama3-8B it times what one replica does ea
   encode_fused_pack: fused_encode + fused_pack_payload (Triton bit packing, same bytes)
   decode: unpack_payload + mean_of_selected + fused_decode_update (IDCT + sign + param update)
   decode_all_fused: fused_unpack_payload + fused_mean_decode_update (no dense mean either)
-  encode_grouped: tensors bucketed by fused_codec.group_key; per group ONE fused_encode_many +
+  encode_grouped: tensors bucketed by flexdemo.kernels.group_key; per group ONE fused_encode_many +
       ONE fused_pack_payload over the group's concatenated idx/vals
   decode_grouped: per group ONE fused_unpack_payload + ONE fused_mean_decode_update_many
 
@@ -29,9 +29,17 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, sync, timed  # noqa: E402,E501
 
-from flexdemo.codec import mean_of_selected, pack_payload, select_topk, sent_values, unpack_payload  # noqa: E402
-from flexdemo.dct import block_layout, blocks_dct, blocks_idct  # noqa: E402
-from flexdemo.fused_codec import (  # noqa: E402
+from flexdemo.compression.codec import (  # noqa: E402
+    compress as compress_momentum,
+    decode_mean,
+    mean_of_selected,
+    pack_payload,
+    select_topk,
+    sent_values,
+    unpack_payload,
+)
+from flexdemo.compression.dct import block_layout, blocks_dct, blocks_idct  # noqa: E402
+from flexdemo.kernels import (  # noqa: E402
     fused_decode_update,
     fused_encode,
     fused_encode_many,
@@ -43,9 +51,14 @@ from flexdemo.fused_codec import (  # noqa: E402
     group_block_offsets,
     group_key,
 )
-from flexdemo.optim import compress_momentum, decode_direction  # noqa: E402
 
 LR, DECAY, PARAM_LR = 1e-3, 0.999, 1e-2
+
+
+def decode_direction(payloads, layout, k, encoding, dtype):
+    """The torch path's decode of one tensor: ``sign(IDCT(mean over selecting replicas))``."""
+    idx, vals = unpack_payload(payloads, layout.num_blocks, k, layout.block_numel, encoding, dtype)
+    return decode_mean(idx, vals, layout).sign_()
 
 
 def verify(delta, grad, layout, k, encoding, precision, replicas) -> dict:

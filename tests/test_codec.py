@@ -3,11 +3,12 @@ import math
 import pytest
 import torch
 
-from flexdemo.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
-from flexdemo.codec import (
-    mean_of_selected, pack_payload, payload_nbytes, select_topk, unpack_payload, value_nbytes,
+from flexdemo.compression.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
+from flexdemo.compression.codec import (
+    compress, mean_of_selected, pack_payload, payload_nbytes, scaled_signs, select_topk, unpack_payload,
+    value_nbytes,
 )
-from flexdemo.dct import block_layout, blocks_dct
+from flexdemo.compression.dct import block_layout, blocks_dct, blocks_idct
 
 
 def test_bits_for():
@@ -35,7 +36,7 @@ def test_pack_extremes_and_batched_unpack():
     assert torch.equal(out[0], values) and torch.equal(out[1], values.flip(0))
 
 
-@pytest.mark.parametrize("encoding", ["fp32", "bf16", "sign"])
+@pytest.mark.parametrize("encoding", ["fp32", "bf16", "sign", "scaled_sign"])
 @pytest.mark.parametrize("shape,topk", [((128, 64), 32), ((96, 130), 8), ((7,), 32), ((3, 64, 48), 5), ((), 4)])
 def test_payload_round_trip_and_size(encoding, shape, topk):
     torch.manual_seed(0)
@@ -43,10 +44,12 @@ def test_payload_round_trip_and_size(encoding, shape, topk):
     layout = block_layout(x.shape, 64)
     k = min(topk, layout.block_numel)
     idx, vals = select_topk(blocks_dct(x, layout), k)
-    payload = pack_payload(idx, vals, layout.block_numel, encoding)
+    sent = scaled_signs(vals) if encoding == "scaled_sign" else vals
+    payload = pack_payload(idx, sent, layout.block_numel, encoding)
     count = layout.num_blocks * k
     expected = math.ceil(count * bits_for(layout.block_numel) / 8) + {
-        "fp32": 4 * count, "bf16": 2 * count, "sign": math.ceil(count / 8)}[encoding]
+        "fp32": 4 * count, "bf16": 2 * count, "sign": math.ceil(count / 8),
+        "scaled_sign": math.ceil(count / 8) + 4 * layout.num_blocks}[encoding]
     assert payload.numel() == payload_nbytes(layout, topk, encoding) == expected
     got_idx, got_vals = unpack_payload(payload.unsqueeze(0), layout.num_blocks, k, layout.block_numel, encoding,
                                        torch.float32)
@@ -55,6 +58,10 @@ def test_payload_round_trip_and_size(encoding, shape, topk):
         assert torch.equal(got_vals[0], vals)
     elif encoding == "bf16":
         assert torch.equal(got_vals[0], vals.to(torch.bfloat16).float())
+    elif encoding == "scaled_sign":
+        # sign of each kept value, times the mean magnitude of its block's kept values
+        magnitude = vals.abs().sum(dim=1, keepdim=True) / k
+        torch.testing.assert_close(got_vals[0], torch.where(vals < 0, -magnitude, magnitude), rtol=1e-6, atol=0)
     else:
         assert torch.equal(got_vals[0], torch.where(vals < 0, -1.0, 1.0))
 
@@ -62,7 +69,25 @@ def test_payload_round_trip_and_size(encoding, shape, topk):
 def test_llama_block_payload_is_52_bytes_per_block_with_sign_values():
     layout = block_layout((4096, 4096), 64)
     assert payload_nbytes(layout, 32, "sign") == 4096 * (32 * 12 + 32) // 8  # 4096 blocks x 52 bytes
-    assert value_nbytes(10, "bf16") == 20
+    assert value_nbytes(5, 2, "bf16") == 20
+    assert payload_nbytes(layout, 32, "scaled_sign") == 4096 * 56  # + one fp32 scale per block
+
+
+@pytest.mark.parametrize("encoding", ["fp32", "bf16", "scaled_sign"])
+def test_error_feedback_removes_exactly_what_receivers_decode(encoding):
+    # For every encoding that carries magnitudes, acc_before - acc_after must be the inverse
+    # DCT of what a receiver unpacks: nothing is lost and nothing is counted twice.
+    torch.manual_seed(1)
+    acc = torch.randn(128, 192)
+    layout = block_layout(acc.shape, 64)
+    before = acc.clone()
+    idx, vals = compress(acc, layout, 16, encoding)
+    payload = pack_payload(idx, vals, layout.block_numel, encoding)
+    got_idx, got_vals = unpack_payload(payload.unsqueeze(0), layout.num_blocks, 16, layout.block_numel, encoding,
+                                       torch.float32)
+    received = torch.zeros(layout.num_blocks, layout.block_numel).scatter_(1, got_idx[0], got_vals[0])
+    torch.testing.assert_close(before - acc, blocks_idct(received, layout), rtol=1e-5, atol=1e-6)
+    assert (before - acc).abs().max() > 0.1  # something was sent
 
 
 def test_topk_selects_largest_magnitudes():

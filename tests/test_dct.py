@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from flexdemo.dct import block_layout, blocks_dct, blocks_idct, chunk_size, dct_matrix
+from flexdemo.compression.dct import block_layout, blocks_dct, blocks_idct, chunk_size, dct_matrix
 from reference_demo import ref_chunk, ref_dct_basis
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_interpreter import fused_codec_or_skip
+from triton_interpreter import kernels_or_skip
 
-from flexdemo.codec import mean_of_selected, pack_payload, select_topk, sent_values, unpack_payload
-from flexdemo.dct import block_layout, blocks_dct, blocks_idct
+from flexdemo.compression.codec import (
+    mean_of_selected, pack_payload, scaled_signs, select_topk, sent_values, unpack_payload,
+)
+from flexdemo.compression.dct import block_layout, blocks_dct, blocks_idct
 
-fc = fused_codec_or_skip()
+fc = kernels_or_skip()
 
 DEV = torch.device("cpu")
 LR, DECAY = 1e-3, 0.9
@@ -39,6 +41,8 @@ def _torch_encode(delta, grad, layout, k, encoding):
         d.add_(grad, alpha=LR)
     coeffs = blocks_dct(d, layout)
     idx, vals = select_topk(coeffs, k)
+    if encoding == "scaled_sign":
+        vals = scaled_signs(vals)
     sent = torch.zeros_like(coeffs).scatter_(1, idx, sent_values(vals, encoding))
     d.sub_(blocks_idct(sent, layout))
     return d, idx, vals
@@ -51,9 +55,9 @@ def _data(shape, seed):
 
 
 @pytest.mark.parametrize("shape,chunk,k", CASES)
-@pytest.mark.parametrize("encoding", ["sign", "bf16", "fp32"])
+@pytest.mark.parametrize("encoding", ["sign", "bf16", "fp32", "scaled_sign"])
 def test_encode_matches_torch(shape, chunk, k, encoding):
-    if encoding != "sign" and shape != CASES[0][0]:
+    if encoding not in ("sign", "scaled_sign") and shape != CASES[0][0]:
         pytest.skip("value encodings only change error feedback: one shape is enough")
     layout = block_layout(shape, chunk)
     assert fc.fused_supported(layout, DEV)
@@ -146,6 +150,17 @@ def test_decode_matches_torch(shape, chunk, k, W):
     _check_params(p, ref, direction)
 
 
+@pytest.mark.parametrize("shape,chunk,k", CASES[:5])
+def test_dense_decode_matches_torch(shape, chunk, k):
+    # The outer step's decode: IDCT(mean over selecting replicas) written out, no sign.
+    layout = block_layout(shape, chunk)
+    idx, vals = _replicas(layout, k, 3, seed=8)
+    ref = blocks_idct(mean_of_selected(idx, vals, layout.block_numel), layout)
+    out = torch.full(shape, float("nan"))
+    fc.fused_mean_decode_many([out], idx, vals, [layout])
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-5 * ref.abs().max())
+
+
 def test_mean_decode_from_payloads_sign():
     # Full path: fused encode -> pack -> unpack (W copies with different signs) -> fused mean+decode.
     shape, layout, k = (64, 128), block_layout((64, 128), 64), 32
@@ -173,13 +188,15 @@ def test_supported_layouts():
         fc.fused_encode(torch.zeros(64, 64).t(), None, LR, DECAY, block_layout((64, 64), 64), 4, "sign")
 
 
-@pytest.mark.parametrize("encoding", ["sign", "bf16", "fp32"])
+@pytest.mark.parametrize("encoding", ["sign", "bf16", "fp32", "scaled_sign"])
 @pytest.mark.parametrize("block_numel,B,k", [(4096, 3, 32), (1024, 2, 5), (64, 5, 7), (2, 3, 1)])
 def test_pack_unpack_match_torch(encoding, block_numel, B, k):
     g = torch.Generator().manual_seed(7)
     idx = torch.stack([torch.randperm(block_numel, generator=g)[:k] for _ in range(B)]).to(torch.int32)
     vals = torch.randn(B, k, generator=g)
     vals[0, 0] = -0.0  # signbit of -0.0 is set
+    if encoding == "scaled_sign":  # what the encoder emits: +-(mean |kept|) per block
+        vals = scaled_signs(vals)
     ref = pack_payload(idx, vals, block_numel, encoding)
     got = fc.fused_pack_payload(idx, vals, block_numel, encoding)
     assert torch.equal(got, ref)

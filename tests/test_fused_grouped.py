@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_interpreter import fused_codec_or_skip
+from triton_interpreter import kernels_or_skip
 
-from flexdemo.dct import block_layout
+from flexdemo.compression.dct import block_layout
 
-fc = fused_codec_or_skip()
+fc = kernels_or_skip()
 
 LR, DECAY = 1e-3, 0.9
 
@@ -78,7 +78,8 @@ def _assert_encode_equal(layouts, deltas, d_ref, ref, d_grp, idx, vals):
         assert not torch.equal(dg, d0), f"tensor {i}: delta not updated"
 
 
-@pytest.mark.parametrize("name,encoding", [("64x64", "sign"), ("64x64", "bf16"), ("32x32", "fp32"), ("48x64", "sign")])
+@pytest.mark.parametrize("name,encoding", [("64x64", "sign"), ("64x64", "bf16"), ("32x32", "fp32"), ("48x64", "sign"),
+                                           ("64x64", "scaled_sign")])
 def test_encode_many_matches_per_tensor(name, encoding):
     layouts, k, deltas, grads = _group(name, seed=1)
     d_ref, ref, d_grp, idx, vals = _encode_both(layouts, k, deltas, grads, encoding)
@@ -125,6 +126,14 @@ def test_mean_decode_many_matches_per_tensor(name, W):
     for i, (p0, pr, pg) in enumerate(zip(params, p_ref, p_grp)):
         assert _same_bits(pg, pr), f"tensor {i}: params differ"
         assert (pg != p0).float().mean() > 0.9, f"tensor {i}: params not updated"
+    # The dense (outer-step) decode: one launch writes every tensor, bitwise as one tensor at a time.
+    outs_grp = [torch.empty(L.shape) for L in layouts]
+    fc.fused_mean_decode_many(outs_grp, g_idx, g_vals, layouts)
+    for i, (o, L) in enumerate(zip(outs_grp, layouts)):
+        one = torch.empty(L.shape)
+        fc.fused_mean_decode_many([one], g_idx[:, offs[i]:offs[i + 1]].contiguous(),
+                                  g_vals[:, offs[i]:offs[i + 1]].contiguous(), [L])
+        assert _same_bits(o, one), f"tensor {i}: dense decode differs"
     if W != 1:
         return
     # Per-tensor learning rates.
@@ -137,7 +146,7 @@ def test_mean_decode_many_matches_per_tensor(name, W):
     assert all(_same_bits(pg, pr) for pr, pg in zip(p_ref, p_grp))
 
 
-@pytest.mark.parametrize("name,encoding", [("64x64", "sign"), ("32x32", "bf16")])
+@pytest.mark.parametrize("name,encoding", [("64x64", "sign"), ("32x32", "bf16"), ("48x64", "scaled_sign")])
 def test_group_pipeline_one_pack_one_unpack(name, encoding):
     # encode_many -> ONE pack of the group -> gather (W rows) -> ONE unpack -> mean_decode_many,
     # against the per-tensor fused pipeline.

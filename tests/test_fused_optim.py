@@ -38,10 +38,10 @@ def _run(fused, steps, rank=0, encoding="sign"):
     return params, opt
 
 
-@pytest.mark.parametrize("encoding", ["fp32", "sign"])
+@pytest.mark.parametrize("encoding", ["fp32", "sign", "scaled_sign"])
 def test_fused_path_matches_torch_path(encoding):
-    from flexdemo.fused_codec import fused_supported
-    from flexdemo.dct import block_layout
+    from flexdemo.kernels import fused_supported
+    from flexdemo.compression.dct import block_layout
 
     fused_params, fused_opt = _run(True, 4, encoding=encoding)
     torch_params, torch_opt = _run(False, 4, encoding=encoding)

@@ -73,8 +73,8 @@ def _expected_bytes_per_step(shard: int, shards: int = 2, chunk: int = 64, topk:
     sign bytes."""
     from torchtitan.models.llama3 import llama3_args, Transformer
 
-    from flexdemo.bitpack import bits_for
-    from flexdemo.dct import block_layout
+    from flexdemo.compression.bitpack import bits_for
+    from flexdemo.compression.dct import block_layout
 
     with torch.device("meta"):
         model = Transformer(llama3_args["debugmodel"])

@@ -10,16 +10,16 @@ import os
 import pytest
 
 
-def fused_codec_or_skip():
-    """``flexdemo.fused_codec`` when the interpreter is on; otherwise skip the calling module."""
+def kernels_or_skip():
+    """``flexdemo.kernels`` when the interpreter is on; otherwise skip the calling module."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs TRITON_INTERPRET=1 (Triton interpreter on CPU) for the whole pytest run",
                     allow_module_level=True)
     try:
-        from flexdemo import fused_codec
+        from flexdemo import kernels
     except Exception as e:  # pragma: no cover
         pytest.skip(f"triton unavailable: {e}", allow_module_level=True)
-    if not (fused_codec._HAVE_TRITON and fused_codec._INTERPRET):
-        pytest.skip("triton unavailable, or flexdemo.fused_codec imported before TRITON_INTERPRET was set",
+    if not (kernels.HAVE_TRITON and kernels.INTERPRET):
+        pytest.skip("triton unavailable, or flexdemo.kernels imported before TRITON_INTERPRET was set",
                     allow_module_level=True)
-    return fused_codec
+    return kernels

@@ -1,4 +1,4 @@
-"""How one DeMo step's payload is laid out: tensors bucketed by block geometry.
+"""How one exchange's payload is laid out: tensors bucketed by block geometry.
 
 Tensors of one param group that share the block shape ``n1 x n2``, ``k`` and dtype form a
 bucket; a bucket's kept coefficients (its tensors' blocks in order) travel as ONE bit
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flexdemo.codec import clamp_topk, coefficients_nbytes
-from flexdemo.dct import BlockLayout, block_layout
+from flexdemo.compression.codec import clamp_topk, coefficients_nbytes
+from flexdemo.compression.dct import BlockLayout, block_layout
 
 
 @dataclass
@@ -34,19 +34,15 @@ class Bucket:
     members: list[Member] = field(default_factory=list)
     num_blocks: int = 0
     byte_offset: int = 0  # where this bucket starts in the step's payload
-    fused: bool = False  # set by the optimizer: Triton kernels (True) or torch ops
+    fused: bool = False  # set by the compressor: Triton kernels (True) or torch ops
 
     @property
     def block_numel(self) -> int:
         return self.n1 * self.n2
 
     def nbytes(self, encoding: str) -> int:
-        return bucket_nbytes(self.num_blocks, self.k, self.block_numel, encoding)
-
-
-def bucket_nbytes(num_blocks: int, k: int, block_numel: int, encoding: str) -> int:
-    """``ceil(blocks*k*bits/8) + value bytes``: the payload formula for one bucket."""
-    return coefficients_nbytes(num_blocks * k, block_numel, encoding)
+        """``ceil(blocks*k*bits/8) + value bytes``: the payload formula for one bucket."""
+        return coefficients_nbytes(self.num_blocks, self.k, self.block_numel, encoding)
 
 
 def build_plan(

@@ -1,0 +1,159 @@
+"""The one compression path: chunked-DCT top-k with error feedback, and its packed exchange.
+
+Both users call it: per-step DeMo (the accumulator is the momentum, the increment the
+gradient, the decode a sign update of the parameters) and the DiLoCo outer step (the
+accumulator is the error-feedback buffer, the increment the pseudo-gradient, the decode a
+dense outer gradient). Per exchange:
+
+1. :meth:`TopkCompressor.select` / :meth:`encode`: ``acc = decay * acc + scale * inc``; top-k
+   of each DCT block of ``acc``; ``acc -= IDCT(sent)``; the kept ``(idx, vals)`` packed per
+   bucket (:mod:`flexdemo.compression.plan`, :mod:`flexdemo.compression.codec`);
+2. :meth:`exchange`: ONE all_gather of every bucket's bytes over the replica group;
+3. :meth:`unpack` + :meth:`decode_sign_update` / :meth:`decode_into`: the mean over the
+   replicas that selected each coefficient, inverse DCT.
+
+Fused Triton kernels (:mod:`flexdemo.kernels`) take a bucket when all its tensors fit them
+(CUDA, fp32, >= 2-D, blocks <= 64x64); otherwise torch ops. Both give the same wire format.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flexdemo.compression.codec import check_encoding, compress, decode_mean, pack_payload, unpack_payload
+from flexdemo.compression.exchange import ExchangeTimer, Traffic, check_replicas_agree, distributed, gather_payloads
+from flexdemo.compression.plan import Bucket, build_plan
+from flexdemo.kernels import (
+    fused_encode_many,
+    fused_mean_decode_many,
+    fused_mean_decode_update_many,
+    fused_pack_payload,
+    fused_supported,
+    fused_unpack_payload,
+)
+from flexdemo.local import local_tensor
+
+
+class TopkCompressor:
+    """Compression of a fixed set of tensors (one list per param group, with its chunk and
+    top-k), exchanged over ``replicate_group``. Every replica rank must build it for the same
+    local layout; that is checked once here, with one small all_gather."""
+
+    def __init__(
+        self,
+        groups: list[list[torch.Tensor]],
+        chunks: list[int],
+        topks: list[int],
+        encoding: str,
+        replicate_group,
+        *,
+        fused: bool = True,
+        who: str = "compression",
+    ):
+        check_encoding(encoding)
+        self.encoding = encoding
+        self.group = replicate_group
+        entries = [[(t, tuple(local_tensor(t).shape), t.dtype) for t in ts] for ts in groups]
+        self.buckets, self.nbytes = build_plan(entries, chunks, topks, encoding)
+        for b in self.buckets:
+            b.fused = fused and all(
+                fused_supported(m.layout, local_tensor(m.param).device, m.param.dtype)
+                and local_tensor(m.param).is_contiguous()
+                for m in b.members
+            )
+        flat = [t for ts in groups for t in ts]
+        self.device = local_tensor(flat[0]).device if flat else torch.device("cpu")
+        self.last_traffic = Traffic()
+        self._timer: ExchangeTimer | None = None
+        if distributed():
+            signature = ";".join(
+                f"{shape}:{dtype}:{topks[g]}:{chunks[g]}" for g, es in enumerate(entries) for _, shape, dtype in es
+            )
+            check_replicas_agree(f"{signature}|{encoding}", len(flat), replicate_group, self.device, who)
+
+    # -- encode -----------------------------------------------------------------------------
+
+    def select(
+        self,
+        bucket: Bucket,
+        accs: list[torch.Tensor],
+        incs: list[torch.Tensor | None] | None = None,
+        scale: float = 1.0,
+        decay: float = 1.0,
+        members: list[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``acc = decay * acc + scale * inc`` (``inc`` None = zero), top-k, error feedback, for
+        the local accumulators ``accs`` of ``bucket``'s members (all, or the listed ``members``
+        when the caller streams its state). Returns their ``(idx, vals)`` rows ``[B, k]``."""
+        chosen = [bucket.members[i] for i in members] if members is not None else bucket.members
+        if len(accs) != len(chosen):
+            raise ValueError(f"select: {len(accs)} accumulators for {len(chosen)} members")
+        incs = incs if incs is not None else [None] * len(accs)
+        layouts = [m.layout for m in chosen]
+        if bucket.fused:
+            return fused_encode_many(accs, incs, scale, decay, layouts, bucket.k, self.encoding)
+        idx_parts, val_parts = [], []
+        for acc, inc, layout in zip(accs, incs, layouts):
+            if decay != 1.0:
+                acc.mul_(decay)
+            if inc is not None:
+                acc.add_(inc, alpha=scale)
+            idx, vals = compress(acc, layout, bucket.k, self.encoding)
+            idx_parts.append(idx)
+            val_parts.append(vals)
+        return torch.cat(idx_parts), torch.cat(val_parts)
+
+    def pack(self, bucket: Bucket, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        """A bucket's kept coefficients (all its members, in order) -> its bytes of the payload."""
+        if bucket.fused:
+            return fused_pack_payload(idx, vals, bucket.block_numel, self.encoding)
+        return pack_payload(idx, vals, bucket.block_numel, self.encoding)
+
+    def encode(self, bucket: Bucket, accs, incs=None, scale: float = 1.0, decay: float = 1.0) -> torch.Tensor:
+        return self.pack(bucket, *self.select(bucket, accs, incs, scale, decay))
+
+    # -- exchange ---------------------------------------------------------------------------
+
+    def exchange(self, payloads: list[torch.Tensor]) -> torch.Tensor:
+        """ONE all_gather of every bucket's payload: ``[replicas, nbytes]`` bytes on every rank."""
+        mine = torch.cat(payloads) if payloads else torch.empty(0, dtype=torch.uint8, device=self.device)
+        if mine.numel() != self.nbytes:
+            raise RuntimeError(f"payload of {mine.numel()} bytes, the plan says {self.nbytes}")
+        timer = ExchangeTimer(mine.device)
+        gathered, self.last_traffic = gather_payloads(mine, self.group)
+        self._timer = timer.stop()
+        return gathered
+
+    @property
+    def last_exchange_seconds(self) -> float:
+        """Wall time of the last all_gather (on CUDA: between stream events, read lazily)."""
+        return self._timer.seconds() if self._timer is not None else 0.0
+
+    # -- decode -----------------------------------------------------------------------------
+
+    def unpack(self, bucket: Bucket, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every replica's ``(idx, vals)`` ``[W, B, k]`` of one bucket, from the gathered bytes."""
+        payloads = gathered[:, bucket.byte_offset : bucket.byte_offset + bucket.nbytes(self.encoding)]
+        if bucket.fused:
+            return fused_unpack_payload(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, self.encoding)
+        return unpack_payload(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, self.encoding, bucket.dtype)
+
+    def decode_sign_update(self, bucket: Bucket, idx, vals, targets: list[torch.Tensor], lr: float) -> None:
+        """``target -= lr * sign(IDCT(mean over selecting replicas))`` for every member of ``bucket``."""
+        layouts = [m.layout for m in bucket.members]
+        if bucket.fused:
+            fused_mean_decode_update_many(targets, idx, vals, lr, layouts)
+            return
+        for m, t in zip(bucket.members, targets):
+            rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
+            t.add_(decode_mean(idx[:, rows], vals[:, rows], m.layout).sign_(), alpha=-lr)
+
+    def decode_into(self, bucket: Bucket, idx, vals, member: int, out: torch.Tensor) -> torch.Tensor:
+        """``out = IDCT(mean over selecting replicas)`` of one member of ``bucket``."""
+        m = bucket.members[member]
+        rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
+        if bucket.fused:
+            fused_mean_decode_many([out], idx[:, rows].contiguous(), vals[:, rows].contiguous(), [m.layout])
+        else:
+            out.copy_(decode_mean(idx[:, rows], vals[:, rows], m.layout))
+        return out

@@ -1,0 +1,160 @@
+"""Collectives over the replica group (the slow link): the packed all_gather of compressed
+payloads, the dense replica mean of the DiLoCo baseline, the layout agreement check, and a
+timer that does not sync the host.
+
+Every function here gives every rank of the group the same bits: the all_gather copies bytes,
+and the dense mean is summed in rank order by one owner per chunk, then copied to everyone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Partial
+
+# torch 2.13 deprecates all_gather_into_tensor in favour of all_gather_single (absent in 2.11).
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclass
+class Traffic:
+    """Bytes of one exchange on this rank: ``sent`` = its own data that leaves it once,
+    ``received`` = other ranks' data that reaches it (what a link of a given rate must carry)."""
+
+    sent: int = 0
+    received: int = 0
+
+    def __add__(self, other: "Traffic") -> "Traffic":
+        return Traffic(self.sent + other.sent, self.received + other.received)
+
+
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def group_size(group) -> int:
+    return dist.get_world_size(group) if distributed() else 1
+
+
+def gather_payloads(mine: torch.Tensor, group) -> tuple[torch.Tensor, Traffic]:
+    """ONE all_gather of this rank's uint8 payload: ``[replicas, nbytes]`` on every rank."""
+    world, total = group_size(group), mine.numel()
+    if world == 1 or total == 0:
+        return mine.unsqueeze(0), Traffic(total, 0)
+    gathered = torch.empty(world * total, dtype=torch.uint8, device=mine.device)
+    _all_gather_flat(gathered, mine, group=group)
+    return gathered.view(world, total), Traffic(total, (world - 1) * total)
+
+
+def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype) -> tuple[torch.Tensor, Traffic]:
+    """Mean over the replica group of a flat fp32 tensor, with ``wire_dtype`` on the wire.
+
+    The bytes of a ring all-reduce in two collectives: an all_to_all hands chunk ``r`` of
+    every replica to rank ``r``, which sums them in fp32 in rank order and divides by the
+    replica count; an all_gather returns every chunk's mean. Each element is computed by
+    one rank only, so all ranks hold the same bits (an all_reduce does not promise that).
+    """
+    world = group_size(group)
+    if world == 1:
+        return flat.to(wire_dtype).to(flat.dtype), Traffic()
+    n = flat.numel()
+    chunk = -(-n // world)
+    send = torch.zeros(world * chunk, dtype=wire_dtype, device=flat.device)
+    send[:n].copy_(flat)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    parts = recv.view(world, chunk)
+    mine = torch.zeros(chunk, dtype=torch.float32, device=flat.device)
+    for w in range(world):
+        mine += parts[w]
+    mine /= world
+    gathered = torch.empty_like(send)
+    _all_gather_flat(gathered, mine.to(wire_dtype), group=group)
+    elem = send.element_size()
+    share = (world - 1) * chunk * elem
+    # all_to_all: the other replicas' chunks leave and arrive; all_gather: own mean leaves, others arrive.
+    traffic = Traffic(sent=share + chunk * elem, received=2 * share)
+    return gathered[:n].to(flat.dtype), traffic
+
+
+def check_replicas_agree(signature: str, count: int, group, device: torch.device, who: str) -> None:
+    """Every replica rank must exchange the same layout (shapes, dtypes, settings), or the bytes
+    it receives would be decoded as garbage: compare a digest of ``signature`` once, at start."""
+    if not distributed():
+        return
+    digest = hashlib.sha256(signature.encode()).digest()[:7]
+    mine = torch.tensor([count, int.from_bytes(digest, "little")], dtype=torch.int64, device=device)
+    world = group_size(group)
+    gathered = torch.empty(world * 2, dtype=torch.int64, device=device)
+    _all_gather_flat(gathered, mine, group=group)
+    rows = gathered.view(-1, 2).tolist()
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    for r, row in enumerate(rows):
+        if row != rows[0]:
+            raise ValueError(
+                f"{who}: ranks {ranks[0]} and {ranks[r]} of the replicate group hold different local "
+                f"parameter shapes/dtypes/settings ({rows[0][0]} vs {row[0]} tensors); every replica "
+                "must shard the model identically"
+            )
+
+
+
+def check_replicate_group(params, group, who: str) -> None:
+    """All DTensor params must live on one mesh, orthogonal to the replicate group: the group
+    must hold exactly one rank of each shard group, so that every rank exchanges its own shard
+    with the same shard of the other replicas."""
+    mesh = None
+    for p in params:
+        if not isinstance(p, DTensor):
+            continue
+        if any(isinstance(pl, Partial) for pl in p.placements):
+            raise ValueError(f"{who}: parameters with Partial placements are not supported")
+        if mesh is None:
+            mesh = p.device_mesh
+        elif p.device_mesh != mesh:
+            raise ValueError(
+                f"{who}: parameters live on different device meshes ({mesh} and {p.device_mesh}); "
+                f"{who} exchanges local shards of one mesh over one replicate group"
+            )
+    if mesh is None or not distributed():
+        return
+    replica_ranks = set(dist.get_process_group_ranks(group or dist.group.WORLD))
+    overlap = replica_ranks & set(mesh.mesh.flatten().tolist())
+    if overlap != {dist.get_rank()}:
+        raise ValueError(
+            f"{who}: the replicate group {sorted(replica_ranks)} overlaps the parameters' mesh "
+            f"{mesh.mesh.tolist()} in ranks {sorted(overlap)}; the replicate group must contain exactly "
+            "one rank of each shard group (pass the dp_replicate group, not the world)"
+        )
+
+
+class ExchangeTimer:
+    """Times an exchange without a host sync: CUDA collectives are asynchronous, so on CUDA
+    two stream events bracket it and the elapsed time is read only when asked for."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.start = time.perf_counter()
+
+    def stop(self) -> "ExchangeTimer":
+        if self.cuda:
+            self.end.record()
+        else:
+            self.elapsed = time.perf_counter() - self.start
+        return self
+
+    def seconds(self) -> float:
+        if self.cuda:
+            self.end.synchronize()
+            return self.begin.elapsed_time(self.end) / 1e3
+        return self.elapsed

@@ -1,0 +1,133 @@
+"""What every fused codec kernel shares: Triton availability, supported layouts, padded DCT
+bases, launch sizes, argument checks and the block-level Triton helpers.
+
+Each program of a kernel owns one ``n1 x n2`` block of the row-major ``[R, C]`` tensor
+(leading dims fold into rows), numbered row-major over ``(R / n1, C / n2)`` as in
+:func:`flexdemo.compression.dct.blocks_dct`; a coefficient's index in its block is ``r * n2 + c``.
+Block sizes up to 64 are supported; sizes that are not powers of two (e.g. 48 rows of the
+llama3 embedding shards) are padded to the next power of two with masked loads, zero rows and
+columns in the padded DCT matrices, and padded positions excluded from the top-k.
+
+Set ``TRITON_INTERPRET=1`` before importing triton to run the kernels on CPU tensors (slow;
+for tests only).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from flexdemo.compression.dct import BlockLayout, dct_matrix
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - triton is a dependency, but keep the torch path usable
+    HAVE_TRITON = False
+
+MAX_BLOCK = 64  # one 64x64 fp32 block is 32 registers per thread at 4 warps; larger would spill
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def pow2_at_least(n: int, floor: int = 16) -> int:
+    # tl.arange needs powers of two and tl.dot needs every dim >= 16.
+    p = floor
+    while p < n:
+        p *= 2
+    return p
+
+
+def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the fused kernels handle this layout on this device (else use the torch path).
+
+    Needs a tensor with at least 2 dims (``[..., R, C]``, leading dims folded into rows),
+    blocks of at most 64 x 64, fp32 data, and a CUDA device (or CPU under ``TRITON_INTERPRET=1``).
+    """
+    device = torch.device(device)
+    if not HAVE_TRITON or dtype != torch.float32:
+        return False
+    if device.type != "cuda" and not (device.type == "cpu" and INTERPRET):
+        return False
+    if len(layout.shape) < 2 or layout.num_blocks == 0:
+        return False
+    return 1 <= layout.n1 <= MAX_BLOCK and 1 <= layout.n2 <= MAX_BLOCK
+
+
+_PADDED: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def padded_dct(n: int, p: int, device: torch.device) -> torch.Tensor:
+    """``dct_matrix(n)`` in the top-left corner of a ``p x p`` zero matrix (fp32, contiguous)."""
+    key = (n, p, torch.device(device))
+    f = _PADDED.get(key)
+    if f is None:
+        f = torch.zeros(p, p, dtype=torch.float32, device=device)
+        f[:n, :n] = dct_matrix(n, torch.float32, device)
+        _PADDED[key] = f
+    return f
+
+
+def num_warps(p1: int, p2: int) -> int:
+    override = os.environ.get("FLEXDEMO_FUSED_WARPS")
+    if override:
+        return int(override)
+    return 4 if p1 * p2 >= 2048 else 2
+
+
+def check_tensor(t: torch.Tensor, layout: BlockLayout, what: str) -> None:
+    if t.dtype != torch.float32:
+        raise TypeError(f"fused codec: {what} must be float32, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError(f"fused codec: {what} must be contiguous")
+    if tuple(t.shape) != tuple(layout.shape):
+        raise ValueError(f"fused codec: {what} has shape {tuple(t.shape)}, layout says {layout.shape}")
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def flat_exclusive_cumsum(x):
+        # Exclusive prefix sum of a 2-D int tile in row-major (flattened) order: a cumsum along
+        # each row plus the total of all earlier rows. Avoids reshaping the tile to 1-D.
+        row_incl = tl.cumsum(x, axis=1)
+        row_tot = tl.sum(x, axis=1)
+        row_off = tl.cumsum(row_tot, axis=0) - row_tot
+        return row_off[:, None] + row_incl - x
+
+    @triton.jit
+    def round_bf16(y):
+        # fp32 -> nearest bf16 (ties to even) -> fp32, by integer rounding of the top 16 bits:
+        # explicit because the interpreter's .to(tl.bfloat16) truncates. NaN passes through.
+        u = y.to(tl.uint32, bitcast=True)
+        u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
+        return tl.where(y != y, y, u.to(tl.float32, bitcast=True))
+
+    @triton.jit
+    def block_offsets(b, C, blocks_per_row, N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr):
+        # Element offsets of block b in the row-major [rows, C] tensor, and the in-block mask.
+        r = tl.arange(0, P1)
+        c = tl.arange(0, P2)
+        bi = b // blocks_per_row
+        bj = b - bi * blocks_per_row
+        rows = (bi * N1 + r).to(tl.int64)  # int64: tensors may exceed 2**31 elements
+        offs = rows[:, None] * C + (bj * N2 + c)[None, :]
+        valid = (r[:, None] < N1) & (c[None, :] < N2)
+        return offs, valid, r, c
+
+    @triton.jit
+    def idct_block(s, f1_ptr, f2_ptr, P1: tl.constexpr, P2: tl.constexpr, PREC: tl.constexpr):
+        # F1^T @ s @ F2 (orthonormal basis: the transpose is the inverse).
+        i1 = tl.arange(0, P1)
+        i2 = tl.arange(0, P2)
+        f1t = tl.load(f1_ptr + i1[None, :] * P1 + i1[:, None])  # f1t[i, r] = F1[r, i]
+        f2 = tl.load(f2_ptr + i2[:, None] * P2 + i2[None, :])
+        t = tl.dot(f1t, s, input_precision=PREC)
+        return tl.dot(t, f2, input_precision=PREC)
+
+
+def geometry(layout: BlockLayout, device):
+    p1, p2 = pow2_at_least(layout.n1), pow2_at_least(layout.n2)
+    return p1, p2, padded_dct(layout.n1, p1, device), padded_dct(layout.n2, p2, device), layout.cols // layout.n2

@@ -1,0 +1,255 @@
+"""Fused encode: momentum update + chunked DCT + exact top-k + error feedback, one block per program.
+
+The torch path (:func:`flexdemo.compression.codec.compress`) makes many passes over the
+accumulator: DCT matmuls, block transposes, abs, topk, a scatter into zeros, the IDCT, the
+subtraction. Here each program does all of it for one ``n1 x n2`` block in registers:
+``x = decay * x + lr * grad``; ``Y = F1 @ X @ F2^T``; exact top-k of ``|Y|`` (ties broken by the
+lowest index); the kept values as the value encoding sends them; error feedback
+``x -= F1^T @ S @ F2`` with ``S`` what is counted as sent; ``x`` written back in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flexdemo.compression.codec import check_encoding
+from flexdemo.compression.dct import BlockLayout
+from flexdemo.kernels.common import (
+    HAVE_TRITON,
+    check_tensor,
+    fused_supported,
+    geometry,
+    num_warps,
+    padded_dct,
+    pow2_at_least,
+)
+from flexdemo.kernels.tables import align_hints, check_group, layout_tables, lr_arg, ptr_table
+
+# How the kept values leave the kernel (a constexpr): exact (fp32, sign), rounded to bf16 for
+# error feedback (bf16), or replaced by +-(mean |kept|) of their block (scaled_sign).
+_VALUES_EXACT, _VALUES_BF16, _VALUES_SCALED_SIGN = 0, 1, 2
+
+
+def _values_mode(encoding: str) -> int:
+    check_encoding(encoding)
+    return {"bf16": _VALUES_BF16, "scaled_sign": _VALUES_SCALED_SIGN}.get(encoding, _VALUES_EXACT)
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    from flexdemo.kernels.common import block_offsets, flat_exclusive_cumsum, idct_block, round_bf16
+    from flexdemo.kernels.tables import group_locate
+
+    @triton.jit
+    def _encode_block(
+        b, row, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
+        lr, decay, C, blocks_per_row,
+        N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
+        HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
+    ):
+        # Block b of the tensor at delta_ptr; its idx/vals go to output row `row`.
+        offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
+
+        # Momentum update, fused so delta is read and written exactly once.
+        x = tl.load(delta_ptr + offs, mask=valid, other=0.0)
+        if HAS_GRAD:
+            g = tl.load(grad_ptr + offs, mask=valid, other=0.0)
+            x = x * decay + g * lr
+        else:
+            x = x * decay
+
+        # Forward DCT Y = F1 @ X @ F2^T (padding rows/cols of F are zero, so Y is zero there).
+        f1 = tl.load(f1_ptr + r[:, None] * P1 + tl.arange(0, P1)[None, :])
+        f2t = tl.load(f2_ptr + c[None, :] * P2 + tl.arange(0, P2)[:, None])  # f2t[j, c] = F2[c, j]
+        y = tl.dot(tl.dot(f1, x, input_precision=PREC), f2t, input_precision=PREC)
+
+        # Exact top-k by magnitude: the bits of a non-negative float order like the float, so
+        # build the k-th largest |y| bit pattern from the top bit down, one counting pass per
+        # bit. Invariant: cnt = count(bits >= thr) >= K. Stop early once cnt == K (thr then
+        # separates the top K from the rest, usually after ~15 of the 31 bits).
+        # Padding gets -1 so it is never counted.
+        bits = tl.where(valid, tl.abs(y).to(tl.int32, bitcast=True), -1)
+        thr = tl.full([], 0, tl.int32)
+        cnt = tl.full([], N1 * N2, tl.int32)
+        bit = tl.full([], 30, tl.int32)
+        while (bit >= 0) & (cnt != K):
+            cand = thr | (1 << bit)
+            c_cand = tl.sum(tl.sum((bits >= cand).to(tl.int32), axis=1), axis=0)
+            take = c_cand >= K
+            thr = tl.where(take, cand, thr)
+            cnt = tl.where(take, c_cand, cnt)
+            bit -= 1
+        sel = bits >= thr
+        if cnt != K:
+            # Ties at thr: all above it, then the lowest-index ties until K are taken.
+            above = bits > thr
+            tie = (bits == thr).to(tl.int32)
+            need = K - tl.sum(tl.sum(above.to(tl.int32), axis=1), axis=0)
+            sel = above | ((tie != 0) & (flat_exclusive_cumsum(tie) < need))
+
+        # The values as sent and as error feedback counts them (flexdemo.compression.codec):
+        # fp32/sign: the exact coefficient; bf16: rounded; scaled_sign: +-(mean |kept|).
+        if VALUES == 2:
+            mag = tl.sum(tl.sum(tl.where(sel, tl.abs(y), 0.0), axis=1), axis=0) / K
+            negative = y.to(tl.int32, bitcast=True) < 0  # the sign bit, like torch.signbit
+            y = tl.where(negative, -mag, mag)
+            sent = y
+        elif VALUES == 1:
+            sent = round_bf16(y)
+        else:
+            sent = y
+
+        # Compaction: the j-th selected coefficient (in index order) goes to slot j.
+        sel_i = sel.to(tl.int32)
+        slot = row.to(tl.int64) * K + flat_exclusive_cumsum(sel_i)
+        flat = r[:, None] * N2 + c[None, :]
+        tl.store(idx_ptr + slot, flat, mask=sel)
+        tl.store(vals_ptr + slot, y, mask=sel)
+
+        # Error feedback: remove what counts as sent.
+        s = tl.where(sel, sent, 0.0)
+        x = x - idct_block(s, f1_ptr, f2_ptr, P1, P2, PREC)
+        tl.store(delta_ptr + offs, x, mask=valid)
+
+    @triton.jit
+    def _encode_kernel(
+        delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
+        lr, decay, C, blocks_per_row,
+        N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
+        HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        _encode_block(b, b, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, blocks_per_row,
+                      N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC)
+
+    @triton.jit
+    def _encode_many_kernel(
+        ptr_tab, blk_tensor_ptr, meta_ptr, lr_tab, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay,
+        N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
+        HAS_GRAD: tl.constexpr, MIXED_GRAD: tl.constexpr, LR_TABLE: tl.constexpr,
+        VALUES: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
+    ):
+        g = tl.program_id(0)
+        t, b, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
+        delta_ptr = tl.load(ptr_tab + t * 2).to(tl.pointer_type(tl.float32))
+        if ALIGNED:  # host-checked: every address % 16 == 0
+            delta_ptr = tl.multiple_of(delta_ptr, 16)
+        if LR_TABLE:
+            lr = tl.load(lr_tab + t)
+        if HAS_GRAD:
+            g_addr = tl.load(ptr_tab + t * 2 + 1)
+            grad_ptr = g_addr.to(tl.pointer_type(tl.float32))
+            if ALIGNED:
+                grad_ptr = tl.multiple_of(grad_ptr, 16)
+            if MIXED_GRAD:
+                if g_addr != 0:
+                    _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                                  N1, N2, P1, P2, K, True, VALUES, PREC)
+                else:
+                    _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                                  N1, N2, P1, P2, K, False, VALUES, PREC)
+            else:
+                _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                              N1, N2, P1, P2, K, True, VALUES, PREC)
+        else:
+            _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                          N1, N2, P1, P2, K, False, VALUES, PREC)
+
+
+def fused_encode(
+    delta: torch.Tensor,
+    grad: torch.Tensor | None,
+    lr: float,
+    decay: float,
+    layout: BlockLayout,
+    k: int,
+    encoding: str,
+    *,
+    precision: str = "ieee",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Momentum update + DCT + top-k + error feedback of one tensor in one launch.
+
+    ``delta`` (fp32, contiguous, ``layout.shape``) is updated in place to
+    ``decay * delta + lr * grad - IDCT(sent)``; ``grad=None`` counts as zero. Returns
+    ``idx`` [B, k] int32 (ascending within each block) and ``vals`` [B, k] fp32: the exact
+    coefficients (``scaled_sign``: +-(mean |kept|) of the block), as
+    :func:`flexdemo.compression.codec.select` gives them; pack with
+    :func:`flexdemo.kernels.pack.fused_pack_payload`. ``precision`` is tl.dot's
+    input_precision: "ieee" (fp32, default), or "tf32x3"/"tf32" for speed at lower accuracy.
+    """
+    if not fused_supported(layout, delta.device, delta.dtype):
+        raise ValueError(f"fused_encode: unsupported layout {layout} on {delta.device}")
+    values = _values_mode(encoding)
+    if not 1 <= k <= layout.block_numel:
+        raise ValueError(f"fused_encode: k={k} outside [1, {layout.block_numel}]")
+    check_tensor(delta, layout, "delta")
+    if grad is not None:
+        check_tensor(grad, layout, "grad")
+    B = layout.num_blocks
+    p1, p2, f1, f2, bpr = geometry(layout, delta.device)
+    idx = torch.empty(B, k, dtype=torch.int32, device=delta.device)
+    vals = torch.empty(B, k, dtype=torch.float32, device=delta.device)
+    _encode_kernel[(B,)](
+        delta, grad if grad is not None else delta, f1, f2, idx, vals,
+        float(lr), float(decay), layout.cols, bpr,
+        N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k,
+        HAS_GRAD=grad is not None, VALUES=values, PREC=precision,
+        num_warps=num_warps(p1, p2),
+    )
+    return idx, vals
+
+
+def fused_encode_many(
+    deltas: list[torch.Tensor],
+    grads: list[torch.Tensor | None],
+    lr,
+    decay: float,
+    layouts: list[BlockLayout],
+    k: int,
+    encoding: str,
+    *,
+    precision: str = "ieee",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fused_encode` of many tensors with equal blocks ``n1 x n2``, in ONE launch.
+
+    Returns ``idx`` [total_blocks, k] int32 and ``vals`` [total_blocks, k] fp32 with tensor i's
+    blocks in rows ``offsets[i]:offsets[i+1]`` (:func:`flexdemo.kernels.tables.group_block_offsets`);
+    each ``deltas[i]`` is updated in place. Bitwise the same as calling :func:`fused_encode` per
+    tensor. ``grads[i]`` may be None (zero gradient). ``lr`` is a float, or one per tensor (a
+    sequence or fp32 tensor).
+    """
+    values = _values_mode(encoding)
+    if len(grads) != len(deltas):
+        raise ValueError("fused_encode_many: need one grad (or None) per delta")
+    device = check_group(deltas, layouts, "delta")
+    L0 = layouts[0]
+    if not 1 <= k <= L0.block_numel:
+        raise ValueError(f"fused_encode_many: k={k} outside [1, {L0.block_numel}]")
+    for g, L in zip(grads, layouts):
+        if g is not None:
+            if g.device != device:
+                raise ValueError(f"fused_encode_many: grad on {g.device}, delta on {device}")
+            check_tensor(g, L, "grad")
+    n_grad = sum(g is not None for g in grads)
+    blk_tensor, meta, total, cols_aligned = layout_tables(layouts, device)
+    addrs = []
+    for d, g in zip(deltas, grads):
+        addrs.append(d.data_ptr())
+        addrs.append(g.data_ptr() if g is not None else 0)
+    ptrs, ptrs_aligned = ptr_table(tuple(addrs), device)
+    lr_s, lr_tab = lr_arg(lr, len(deltas), device)
+    p1, p2 = pow2_at_least(L0.n1), pow2_at_least(L0.n2)
+    f1, f2 = padded_dct(L0.n1, p1, device), padded_dct(L0.n2, p2, device)
+    idx = torch.empty(total, k, dtype=torch.int32, device=device)
+    vals = torch.empty(total, k, dtype=torch.float32, device=device)
+    _encode_many_kernel[(total,)](
+        ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, f1, f2, idx, vals,
+        lr_s, float(decay),
+        N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k,
+        HAS_GRAD=n_grad > 0, MIXED_GRAD=0 < n_grad < len(grads), LR_TABLE=lr_tab is not None,
+        VALUES=values, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned),
+        num_warps=num_warps(p1, p2),
+    )
+    return idx, vals

@@ -1,0 +1,136 @@
+"""Fused payload (un)packing: the bit streams of :mod:`flexdemo.compression.codec`, one Triton
+launch per stream, the same bytes as the torch path."""
+
+from __future__ import annotations
+
+import torch
+
+from flexdemo.compression.bitpack import bits_for, packed_nbytes
+from flexdemo.compression.codec import SCALE_NBYTES, pack_payload, unpack_payload, value_nbytes
+from flexdemo.kernels.common import HAVE_TRITON, INTERPRET
+
+_PACK_BLOCK = 1024
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _pack_bits_kernel(src_ptr, out_ptr, n, nbytes, BITS: tl.constexpr, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+        # Output byte q holds stream bits 8q..8q+7; stream bit g is bit g % BITS of value g // BITS
+        # (LSB first, as flexdemo.compression.bitpack.pack_uint). SIGN packs the sign bits of fp32 values.
+        q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK], dtype=tl.int32)
+        for t in tl.static_range(8):
+            g = q * 8 + t
+            v = g // BITS
+            m = v < n
+            if SIGN:
+                x = (tl.load(src_ptr + v, mask=m, other=0.0).to(tl.int32, bitcast=True) >> 31) & 1
+            else:
+                x = (tl.load(src_ptr + v, mask=m, other=0).to(tl.int32) >> (g - v * BITS).to(tl.int32)) & 1
+            acc = acc | (x << t)
+        tl.store(out_ptr + q, acc.to(tl.uint8), mask=q < nbytes)
+
+    @triton.jit
+    def _unpack_bits_kernel(
+        src_ptr, src_stride, out_ptr, count, nbytes, BITS: tl.constexpr, SIGN: tl.constexpr, BLOCK: tl.constexpr
+    ):
+        # Value v of row w is stream bits v*BITS.. of that row: at most 3 bytes for BITS <= 17.
+        w = tl.program_id(1).to(tl.int64)
+        v = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = v < count
+        g = v * BITS
+        byte0 = g // 8
+        word = tl.zeros([BLOCK], dtype=tl.int32)
+        for t in tl.static_range(3):
+            part = tl.load(src_ptr + w * src_stride + byte0 + t, mask=m & (byte0 + t < nbytes), other=0)
+            word = word | (part.to(tl.int32) << (8 * t))
+        x = (word >> (g - byte0 * 8).to(tl.int32)) & ((1 << BITS) - 1)
+        if SIGN:
+            tl.store(out_ptr + w * count + v, 1.0 - 2.0 * x.to(tl.float32), mask=m)  # 1 = negative
+        else:
+            tl.store(out_ptr + w * count + v, x, mask=m)
+
+
+def _bitpack_device_ok(t: torch.Tensor) -> bool:
+    return HAVE_TRITON and (t.device.type == "cuda" or (t.device.type == "cpu" and INTERPRET))
+
+
+def fused_pack_payload(
+    idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encoding: str, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Same bytes as :func:`flexdemo.compression.codec.pack_payload` (``idx``/``vals`` ``[B, k]``),
+    with one Triton launch per bit stream.
+
+    ``out`` (uint8, the stream's length, e.g. a slice of the step's send buffer) is filled
+    and returned when given, which saves the final concatenation.
+    """
+    if not _bitpack_device_ok(idx):
+        return pack_payload(idx, vals, block_numel, encoding)
+    bits = bits_for(block_numel)
+    n = idx.numel()
+    num_blocks, k = idx.shape
+    idx_bytes = packed_nbytes(n, bits)
+    total = idx_bytes + value_nbytes(num_blocks, k, encoding)
+    if out is None:
+        out = torch.empty(total, dtype=torch.uint8, device=idx.device)
+    elif out.dtype != torch.uint8 or out.numel() != total or not out.is_contiguous():
+        raise ValueError(f"fused_pack_payload: out must be {total} contiguous uint8")
+    flat_idx, flat_vals = idx.reshape(-1).contiguous(), vals.reshape(-1).contiguous()
+    if bits > 0 and idx_bytes:
+        _pack_bits_kernel[(triton.cdiv(idx_bytes, _PACK_BLOCK),)](
+            flat_idx, out, n, idx_bytes, BITS=bits, SIGN=False, BLOCK=_PACK_BLOCK)
+    val_out = out[idx_bytes:]
+    if encoding == "fp32":
+        val_out.copy_(flat_vals.to(torch.float32).view(torch.uint8))
+    elif encoding == "bf16":
+        val_out.copy_(flat_vals.to(torch.bfloat16).view(torch.uint8))
+    else:
+        sign_bytes = packed_nbytes(n, 1)
+        if sign_bytes:
+            _pack_bits_kernel[(triton.cdiv(sign_bytes, _PACK_BLOCK),)](
+                flat_vals.to(torch.float32), val_out, n, sign_bytes, BITS=1, SIGN=True, BLOCK=_PACK_BLOCK)
+        if encoding == "scaled_sign":  # every kept value of a block has the block's magnitude
+            scales = vals.reshape(num_blocks, k)[:, 0].abs().to(torch.float32).contiguous()
+            val_out[sign_bytes:].copy_(scales.view(torch.uint8))
+    return out
+
+
+def fused_unpack_payload(
+    payload: torch.Tensor, num_blocks: int, k: int, block_numel: int, encoding: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like :func:`flexdemo.compression.codec.unpack_payload` for fp32 values, but ``idx`` is int32.
+
+    ``payload`` is ``[W, nbytes]`` with unit stride along bytes (a column slice of the
+    gathered buffer is fine). Returns ``idx`` [W, B, k] int32 and ``vals`` [W, B, k] fp32.
+    """
+    if not _bitpack_device_ok(payload):
+        i, v = unpack_payload(payload, num_blocks, k, block_numel, encoding, torch.float32)
+        return i.to(torch.int32), v
+    W, count, bits = payload.shape[0], num_blocks * k, bits_for(block_numel)
+    if payload.stride(1) != 1:
+        payload = payload.contiguous()
+    idx_bytes = packed_nbytes(count, bits)
+    idx = torch.zeros(W, num_blocks, k, dtype=torch.int32, device=payload.device)
+    grid = (triton.cdiv(count, _PACK_BLOCK), W)
+    if bits > 0 and count:
+        _unpack_bits_kernel[grid](payload, payload.stride(0), idx, count, idx_bytes,
+                                  BITS=bits, SIGN=False, BLOCK=_PACK_BLOCK)
+    raw = payload[:, idx_bytes:]
+    if encoding in ("sign", "scaled_sign"):
+        sign_bytes = packed_nbytes(count, 1)
+        vals = torch.empty(W, num_blocks, k, dtype=torch.float32, device=payload.device)
+        if count:
+            # The unpack kernel takes a base pointer: pass the value region via its own view.
+            _unpack_bits_kernel[grid](raw, payload.stride(0), vals, count, sign_bytes,
+                                      BITS=1, SIGN=True, BLOCK=_PACK_BLOCK)
+        if encoding == "scaled_sign":
+            scales = raw[:, sign_bytes:sign_bytes + SCALE_NBYTES * num_blocks].contiguous().reshape(-1).clone()
+            vals *= scales.view(torch.float32).reshape(W, num_blocks, 1)
+    else:
+        # A fresh buffer: the values may start at any byte and view() needs alignment.
+        flat = raw.reshape(-1).clone()  # clone: a W == 1 slice would keep its odd offset
+        vals = flat.view(torch.float32 if encoding == "fp32" else torch.bfloat16).to(torch.float32)
+        vals = vals.reshape(W, num_blocks, k)
+    return idx, vals

@@ -1,0 +1,158 @@
+"""DeMo: decoupled-momentum optimizer whose only cross-replica traffic is a packed,
+DCT/top-k compressed momentum (Peng et al. 2024), working on local FSDP2 shards
+(FlexDeMo, arXiv 2502.06728).
+
+Per parameter and step, on the local shard:
+  1. ``p *= 1 - lr * wd``                    (decoupled weight decay)
+  2. ``delta = decay * delta + lr * g``      (momentum with lr folded in)
+  3. top-k per chunked-DCT block of delta    (the payload)
+  4. ``delta -= IDCT(sent coefficients)``    (error feedback)
+then ONE all_gather of every parameter's packed payload over ``replicate_group``, and per
+parameter: ``p -= lr * sign(IDCT(mean over selecting replicas))``.
+
+Every replica decodes the same gathered bytes with deterministic ops in the same order,
+so replicas that start identical stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from flexdemo.compression.codec import check_encoding
+from flexdemo.compression.compressor import TopkCompressor
+from flexdemo.compression.exchange import check_replicate_group, group_size
+from flexdemo.local import local_tensor as _local
+
+
+class DeMo(torch.optim.Optimizer):
+    def __init__(
+        self,
+        params,
+        lr: float,
+        *,
+        compression_decay: float = 0.999,
+        compression_topk: int = 32,
+        compression_chunk: int = 64,
+        weight_decay: float = 0.0,
+        replicate_group: dist.ProcessGroup | None = None,
+        value_encoding: str = "sign",
+        fused: bool = True,
+    ):
+        _check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
+        check_encoding(value_encoding)
+        if not isinstance(fused, bool):
+            raise ValueError(f"DeMo: fused must be True or False, got {fused!r}")
+        # Fused Triton kernels where they apply (CUDA, fp32, >= 2-D, blocks <= 64x64).
+        self.fused = fused
+        defaults = dict(
+            lr=lr,
+            compression_decay=compression_decay,
+            compression_topk=compression_topk,
+            compression_chunk=compression_chunk,
+            weight_decay=weight_decay,
+        )
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            _check_hparams(
+                group["lr"], group["compression_decay"], group["compression_topk"],
+                group["compression_chunk"], group["weight_decay"],
+            )
+        self.value_encoding = value_encoding
+        self.replicate_group = replicate_group
+        self.replica_world_size = group_size(replicate_group)
+        check_replicate_group(self._trainable(), replicate_group, who="DeMo")
+        self._compressor = self._build_compressor()
+
+    def _trainable(self):
+        return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+
+    def _build_compressor(self) -> TopkCompressor:
+        # Local shapes never change, so the plan is built once (and again if groups are added).
+        return TopkCompressor(
+            [[p for p in g["params"] if p.requires_grad] for g in self.param_groups],
+            [g["compression_chunk"] for g in self.param_groups],
+            [g["compression_topk"] for g in self.param_groups],
+            self.value_encoding,
+            self.replicate_group,
+            fused=self.fused,
+            who="DeMo",
+        )
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _delta(self, p: torch.Tensor) -> torch.Tensor:
+        state = self.state[p]
+        if "delta" not in state:
+            # Shaped like the parameter (a DTensor if it is one) so DCP can save and reshard it.
+            state["delta"] = torch.zeros_like(p)
+        return state["delta"]
+
+    # -- step -----------------------------------------------------------------------------
+
+    def add_param_group(self, param_group) -> None:
+        super().add_param_group(param_group)
+        if getattr(self, "_compressor", None) is not None:  # the base class adds the first groups
+            self._compressor = self._build_compressor()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+
+        comp = self._compressor
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._delta(p)  # creates the state, also for empty shards
+                    if group["weight_decay"] != 0.0:
+                        _local(p).mul_(1.0 - group["lr"] * group["weight_decay"])
+        # Empty local shards have no payload but their (empty) momentum still exists.
+
+        payloads = []
+        for b in comp.buckets:
+            group = self.param_groups[b.group_index]
+            deltas = [_local(self.state[m.param]["delta"]) for m in b.members]
+            # A missing grad counts as zero: every replica must pack the same layout.
+            grads = [None if m.param.grad is None else _local(m.param.grad) for m in b.members]
+            payloads.append(comp.encode(b, deltas, grads, scale=group["lr"], decay=group["compression_decay"]))
+        gathered = comp.exchange(payloads)
+        for b in comp.buckets:
+            idx, vals = comp.unpack(b, gathered)
+            targets = [_local(m.param) for m in b.members]
+            comp.decode_sign_update(b, idx, vals, targets, self.param_groups[b.group_index]["lr"])
+        return loss
+
+    @property
+    def last_step_bytes_sent(self) -> int:
+        """This rank's payload bytes in the last step."""
+        return self._compressor.last_traffic.sent
+
+    @property
+    def last_step_bytes_received(self) -> int:
+        """Other replicas' payload bytes this rank received in the last step (``(replicas - 1) x``)."""
+        return self._compressor.last_traffic.received
+
+    @property
+    def last_step_exchange_seconds(self) -> float:
+        """Wall time of the last step's all_gather (on CUDA: between stream events, read lazily)."""
+        return self._compressor.last_exchange_seconds
+
+    def payload_bytes_per_step(self) -> int:
+        """Bytes this rank contributes to each step's exchange (the codec's formula)."""
+        return self._compressor.nbytes
+
+
+def _check_hparams(lr, decay, topk, chunk, weight_decay) -> None:
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"DeMo: lr must be a positive number, got {lr!r}")
+    if not (isinstance(decay, (int, float)) and 0.0 <= decay < 1.0):
+        raise ValueError(f"DeMo: compression_decay must be in [0, 1), got {decay!r}")
+    if not (isinstance(topk, int) and not isinstance(topk, bool) and topk > 0):
+        raise ValueError(f"DeMo: compression_topk must be a positive int, got {topk!r}")
+    if not (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0):
+        raise ValueError(f"DeMo: compression_chunk must be a positive int, got {chunk!r}")
+    if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
+        raise ValueError(f"DeMo: weight_decay must be >= 0, got {weight_decay!r}")
