@@ -1,0 +1,354 @@
+"""DiLoCo's outer step on local shards, every ``sync_interval`` inner steps (Douillard et al.,
+arXiv 2311.08105), optionally with the outer exchange compressed by DeMo's chunked DCT + top-k
++ error feedback (Nedelkoski et al., arXiv 2510.03371).
+
+Between syncs each replica trains alone (the inner optimizer; nothing crosses the replica
+group). At a sync, per parameter and on this rank's local shard:
+
+1. pseudo-gradient ``pg = global - local`` (``global``: the parameters of the last sync);
+2. outer gradient, identical on every replica:
+   - ``"dense"`` (DiLoCo): ``mean over replicas of pg`` with fp32 or bf16 on the wire;
+   - ``"topk"`` (DeMo-DiLoCo): ``e = decay * e + pg``; top-k per DCT block of ``e``;
+     ``e -= IDCT(sent)``; one packed all_gather; ``IDCT(mean over the replicas that selected
+     each coefficient)``. Unlike the paper's code, the worker's own uncompressed ``pg`` is
+     never added back, so the update depends only on bytes every replica received;
+3. outer SGD on ``global`` (``torch.optim.SGD`` semantics, dampening 0): with momentum
+   ``m = mu * m + g`` and the step ``g + mu * m`` (Nesterov) or ``m``; ``global -= lr * step``;
+4. ``local := global``.
+
+Every replica computes the same bits in steps 2-4, so replicas are bit-identical after every
+sync. State (``global``, outer momentum, error feedback: 12 bytes per parameter) lives on the
+parameters' device, or with ``state_device="cpu"`` in (pinned) host memory, streamed through
+the device one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from flexdemo.compression.compressor import TopkCompressor
+from flexdemo.compression.exchange import (
+    ExchangeTimer,
+    Traffic,
+    check_replicas_agree,
+    check_replicate_group,
+    distributed,
+    replica_mean,
+)
+from flexdemo.local import local_tensor
+
+COMPRESSIONS = ("dense", "topk")
+DENSE_ENCODINGS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TOPK_ENCODINGS = ("fp32", "bf16", "scaled_sign")
+STATE_DEVICES = ("device", "cpu")
+DENSE_BUCKET_ELEMENTS = 1 << 26  # 256 MiB of fp32 pseudo-gradient per dense exchange
+
+
+@dataclass
+class _Entry:
+    name: str
+    param: torch.Tensor
+    global_copy: torch.Tensor  # local-shard-shaped, on the state device
+    momentum: torch.Tensor | None
+    error_feedback: torch.Tensor | None
+
+
+class DiLoCo:
+    """The outer loop around an inner optimizer: call :meth:`before_inner_step` and
+    :meth:`after_inner_step` around every inner ``optimizer.step()``."""
+
+    def __init__(
+        self,
+        named_params: Iterable[tuple[str, torch.Tensor]],
+        *,
+        sync_interval: int,
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.9,
+        nesterov: bool = True,
+        compression: str = "dense",
+        value_encoding: str = "fp32",
+        topk: int = 32,
+        chunk: int = 64,
+        decay: float = 0.9,
+        replicate_group=None,
+        state_device: str = "device",
+        fused: bool = True,
+    ):
+        _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
+                    topk, chunk, decay, state_device)
+        named = [(n, p) for n, p in named_params if p.requires_grad]
+        self.sync_interval = sync_interval
+        self.outer_lr, self.outer_momentum, self.nesterov = float(outer_lr), float(outer_momentum), nesterov
+        self.compression, self.value_encoding, self.decay = compression, value_encoding, float(decay)
+        self.replicate_group = replicate_group
+        self.offload = state_device == "cpu"
+        check_replicate_group([p for _, p in named], replicate_group, who="DiLoCo")
+
+        self.entries = [self._new_entry(n, p) for n, p in named]
+        self.inner_steps = 0  # inner steps since the last sync (the position in the H-step cycle)
+        self.outer_steps = 0
+        self.has_global = False  # set at the first cycle's start, or by loading a checkpoint
+        self.last_traffic = Traffic()
+        self.synced = False  # whether the last inner step ended with a sync
+        self._timers: list[ExchangeTimer] = []
+
+        params = [e.param for e in self.entries]
+        if compression == "topk":
+            self.compressor = TopkCompressor([params], [chunk], [topk], value_encoding, replicate_group,
+                                             fused=fused, who="DiLoCo")
+            self._member_entry = {id(e.param): e for e in self.entries}
+        else:
+            self.compressor = None
+            if distributed():
+                signature = ";".join(f"{tuple(local_tensor(p).shape)}:{p.dtype}" for p in params)
+                check_replicas_agree(f"{signature}|dense:{value_encoding}", len(params), replicate_group,
+                                     _device_of(params), "DiLoCo")
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _new_entry(self, name: str, param: torch.Tensor) -> _Entry:
+        local = local_tensor(param)
+
+        def buffer():
+            if not self.offload:
+                return torch.zeros_like(local)
+            return torch.zeros(local.shape, dtype=local.dtype, pin_memory=local.is_cuda)
+
+        momentum = buffer() if self.outer_momentum > 0 else None
+        error_feedback = buffer() if self.compression == "topk" else None
+        return _Entry(name, param, buffer(), momentum, error_feedback)
+
+    @torch.no_grad()
+    def before_inner_step(self) -> None:
+        """At the first cycle's start (no checkpoint loaded): global := the parameters."""
+        if not self.has_global:
+            for e in self.entries:
+                e.global_copy.copy_(local_tensor(e.param))
+            self.has_global = True
+
+    def after_inner_step(self) -> bool:
+        """Count one inner step; run the outer step when the cycle is complete. True if it ran."""
+        self.inner_steps += 1
+        self.synced = self.inner_steps >= self.sync_interval
+        if self.synced:
+            self.sync()
+        else:
+            self.last_traffic, self._timers = Traffic(), []
+        return self.synced
+
+    def state_bytes_per_param(self) -> int:
+        return 4 * (1 + (self.outer_momentum > 0) + (self.compression == "topk"))
+
+    # -- the outer step ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        self.before_inner_step()
+        self._timers = []
+        if self.compression == "topk":
+            self.last_traffic = self._sync_topk()
+        else:
+            self.last_traffic = self._sync_dense()
+        if self.offload and self.entries and local_tensor(self.entries[0].param).is_cuda:
+            torch.cuda.current_stream().synchronize()  # host copies complete before anyone reads them
+        self.inner_steps = 0
+        self.outer_steps += 1
+
+    def _sync_dense(self) -> Traffic:
+        traffic = Traffic()
+        wire = DENSE_ENCODINGS[self.value_encoding]
+        for bucket in _dense_buckets(self.entries):
+            device = local_tensor(bucket[0].param).device
+            flat = torch.empty(sum(local_tensor(e.param).numel() for e in bucket), device=device)
+            offset = 0
+            for e in bucket:
+                local = local_tensor(e.param)
+                out = flat[offset : offset + local.numel()].view(local.shape)
+                torch.sub(self._on_device(e.global_copy, local), local, out=out)
+                offset += local.numel()
+            timer = ExchangeTimer(device)
+            mean, t = replica_mean(flat, self.replicate_group, wire)
+            self._timers.append(timer.stop())
+            traffic = traffic + t
+            offset = 0
+            for e in bucket:
+                local = local_tensor(e.param)
+                self._outer_update(e, mean[offset : offset + local.numel()].view(local.shape))
+                offset += local.numel()
+        return traffic
+
+    def _sync_topk(self) -> Traffic:
+        comp = self.compressor
+        payloads = []
+        for b in comp.buckets:
+            idx_parts, val_parts = [], []
+            for i, m in enumerate(b.members):
+                e = self._member_entry[id(m.param)]
+                local = local_tensor(e.param)
+                pg = self._on_device(e.global_copy, local) - local
+                acc = self._on_device(e.error_feedback, local)
+                idx, vals = comp.select(b, [acc], [pg], scale=1.0, decay=self.decay, members=[i])
+                self._to_state(e.error_feedback, acc)
+                idx_parts.append(idx)
+                val_parts.append(vals)
+            payloads.append(comp.pack(b, torch.cat(idx_parts), torch.cat(val_parts)))
+        timer = ExchangeTimer(comp.device)
+        gathered = comp.exchange(payloads)
+        self._timers.append(timer.stop())
+        for b in comp.buckets:
+            idx, vals = comp.unpack(b, gathered)
+            for i, m in enumerate(b.members):
+                e = self._member_entry[id(m.param)]
+                local = local_tensor(e.param)
+                self._outer_update(e, comp.decode_into(b, idx, vals, i, torch.empty_like(local)))
+        return comp.last_traffic
+
+    def _outer_update(self, e: _Entry, grad: torch.Tensor) -> None:
+        """SGD (optionally Nesterov momentum) on the global copy, as torch.optim.SGD; local := global."""
+        local = local_tensor(e.param)
+        glob = self._on_device(e.global_copy, local)
+        if e.momentum is not None:
+            buf = self._on_device(e.momentum, local)
+            buf.mul_(self.outer_momentum).add_(grad)
+            step = grad.add(buf, alpha=self.outer_momentum) if self.nesterov else buf
+            self._to_state(e.momentum, buf)
+        else:
+            step = grad
+        glob.add_(step, alpha=-self.outer_lr)
+        local.copy_(glob)
+        self._to_state(e.global_copy, glob)
+
+    def _on_device(self, state: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return state.to(like.device, non_blocking=True) if self.offload else state
+
+    def _to_state(self, state: torch.Tensor, value: torch.Tensor) -> None:
+        if self.offload:
+            state.copy_(value, non_blocking=True)
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    @property
+    def last_exchange_seconds(self) -> float:
+        """Wall time of the last sync's collectives (CUDA: between stream events, read lazily)."""
+        return sum(t.seconds() for t in self._timers)
+
+    # -- checkpointing ----------------------------------------------------------------------
+
+    def state_dict(self, prefix: str, replica_prefix: str) -> dict[str, torch.Tensor]:
+        """DCP-ready state: what every replica shares under ``prefix`` (global copy, outer
+        momentum, cycle position), what differs per replica under ``replica_prefix`` (error
+        feedback, and the local parameters, which differ inside a cycle while the model's own
+        keys keep only one replica's shards). Tensors are shaped like the parameters (DTensors
+        if they are), sharing storage with the state so that an in-place load fills it."""
+        sd = {f"{prefix}cycle": torch.tensor([self.inner_steps, self.outer_steps], dtype=torch.int64)}
+        for e in self.entries:
+            sd[f"{prefix}global.{e.name}"] = _like_param(e.global_copy, e.param)
+            if e.momentum is not None:
+                sd[f"{prefix}momentum.{e.name}"] = _like_param(e.momentum, e.param)
+            if e.error_feedback is not None:
+                sd[f"{replica_prefix}error_feedback.{e.name}"] = _like_param(e.error_feedback, e.param)
+            # A host copy: saving must not hold a second copy of the parameters on the device.
+            local = local_tensor(e.param).detach().to("cpu", copy=True)
+            sd[f"{replica_prefix}local.{e.name}"] = _like_param(local, e.param)
+        return sd
+
+    @torch.no_grad()
+    def load_state_dict(self, sd: dict[str, torch.Tensor], prefix: str, replica_prefix: str) -> None:
+        missing = [k for k in self.state_dict_keys(prefix, replica_prefix) if k not in sd]
+        if missing:
+            raise KeyError(f"DiLoCo state missing from the checkpoint: {missing[:3]}{'...' if len(missing) > 3 else ''}")
+        self.inner_steps, self.outer_steps = (int(x) for x in sd[f"{prefix}cycle"].tolist())
+        for e in self.entries:
+            _copy_in(e.global_copy, sd[f"{prefix}global.{e.name}"])
+            if e.momentum is not None:
+                _copy_in(e.momentum, sd[f"{prefix}momentum.{e.name}"])
+            if e.error_feedback is not None:
+                _copy_in(e.error_feedback, sd[f"{replica_prefix}error_feedback.{e.name}"])
+            _copy_in(local_tensor(e.param), sd[f"{replica_prefix}local.{e.name}"])
+        self.has_global = True
+
+    def state_dict_keys(self, prefix: str, replica_prefix: str) -> list[str]:
+        keys = [f"{prefix}cycle"]
+        for e in self.entries:
+            keys.append(f"{prefix}global.{e.name}")
+            if e.momentum is not None:
+                keys.append(f"{prefix}momentum.{e.name}")
+            if e.error_feedback is not None:
+                keys.append(f"{replica_prefix}error_feedback.{e.name}")
+            keys.append(f"{replica_prefix}local.{e.name}")
+        return keys
+
+
+def _like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``local`` as a tensor shaped like ``param``: a DTensor with the parameter's sharding whose
+    local shard IS ``local`` (on whatever device it lives), or ``local`` itself. DTensor.from_local
+    would move a host tensor to the mesh's device; the constructor (as FSDP2 uses it for its
+    CPU-offloaded shards) keeps it in place, so DCP reads and writes the state's own storage."""
+    if not isinstance(param, DTensor):
+        return local
+    return DTensor(local, param._spec, requires_grad=False)
+
+
+def _copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
+    src = local_tensor(src)
+    if src.data_ptr() != dst.data_ptr():
+        dst.copy_(src)
+
+
+def _dense_buckets(entries: list[_Entry]) -> list[list[_Entry]]:
+    """Consecutive entries of one device, at most DENSE_BUCKET_ELEMENTS each (a larger tensor
+    alone), so the dense exchange needs a bounded flat buffer. Empty shards are skipped."""
+    buckets, current, size = [], [], 0
+    for e in entries:
+        n = local_tensor(e.param).numel()
+        if n == 0:
+            continue
+        if current and size + n > DENSE_BUCKET_ELEMENTS:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(e)
+        size += n
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _device_of(params) -> torch.device:
+    return local_tensor(params[0]).device if params else torch.device("cpu")
+
+
+def _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
+                topk, chunk, decay, state_device) -> None:
+    def fail(msg):
+        raise ValueError(f"DiLoCo: {msg}")
+
+    if not (isinstance(sync_interval, int) and not isinstance(sync_interval, bool) and sync_interval >= 1):
+        fail(f"sync_interval must be an int >= 1, got {sync_interval!r}")
+    if not (isinstance(outer_lr, (int, float)) and math.isfinite(outer_lr) and outer_lr > 0):
+        fail(f"outer_lr must be a positive number, got {outer_lr!r}")
+    if not (isinstance(outer_momentum, (int, float)) and 0.0 <= outer_momentum < 1.0):
+        fail(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
+    if not isinstance(nesterov, bool):
+        fail(f"nesterov must be True or False, got {nesterov!r}")
+    if nesterov and outer_momentum == 0:
+        fail("nesterov needs outer_momentum > 0 (plain SGD: nesterov=False, outer_momentum=0)")
+    if compression not in COMPRESSIONS:
+        fail(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    allowed = tuple(DENSE_ENCODINGS) if compression == "dense" else TOPK_ENCODINGS
+    if value_encoding not in allowed:
+        why = " (a bare sign would move every weight by outer_lr)" if value_encoding == "sign" else ""
+        fail(f"value_encoding for compression={compression!r} must be one of {allowed}, got {value_encoding!r}{why}")
+    if compression == "topk":
+        if not (isinstance(topk, int) and not isinstance(topk, bool) and topk >= 1):
+            fail(f"topk must be an int >= 1, got {topk!r}")
+        if not (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1):
+            fail(f"chunk must be an int >= 1, got {chunk!r}")
+        if not (isinstance(decay, (int, float)) and 0.0 <= decay <= 1.0):
+            fail(f"decay must be in [0, 1], got {decay!r}")
+    if state_device not in STATE_DEVICES:
+        fail(f"state_device must be one of {STATE_DEVICES}, got {state_device!r}")

@@ -1,0 +1,68 @@
+"""A deliberately plain DiLoCo outer step, written independently of flexdemo for the tests.
+
+Full (unsharded) tensors, one at a time; the dense mean by an explicit all_gather of every
+replica's whole pseudo-gradient, summed in rank order; the top-k variant with the FFT-built
+DCT bases of reference_demo (einsum transforms, int64 indices, two all_gathers per tensor,
+``scatter_reduce(mean)``); the outer optimizer is ``torch.optim.SGD`` itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from reference_demo import ReferenceDeMo
+
+
+class ReferenceDiLoCo:
+    def __init__(self, params, *, lr, momentum, nesterov, compression, encoding, topk=32, chunk=64, decay=0.9,
+                 group=None):
+        self.params = list(params)
+        self.globals = [torch.nn.Parameter(p.detach().clone()) for p in self.params]
+        self.outer = torch.optim.SGD(self.globals, lr=lr, momentum=momentum, nesterov=nesterov, foreach=False)
+        self.compression, self.encoding, self.group = compression, encoding, group
+        self.topk, self.decay = topk, decay
+        self.ef = [torch.zeros_like(p) for p in self.params]
+        # Reuse reference_demo's independent DCT (bases from an FFT, einsum transforms).
+        self.dct = ReferenceDeMo(self.params, lr=1.0, decay=0.0, topk=topk, chunk=chunk, weight_decay=0.0,
+                                 encoding="fp32", group=group)
+
+    def _gather(self, t):
+        out = [torch.empty_like(t) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(out, t.contiguous(), group=self.group)
+        return out
+
+    def _dense_mean(self, pg):
+        wire = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.encoding]
+        total = torch.zeros_like(pg)
+        parts = self._gather(pg.to(wire))
+        for part in parts:  # rank order
+            total += part.to(torch.float32)
+        return (total / len(parts)).to(wire).to(torch.float32)
+
+    def _topk_mean(self, i, pg):
+        ef, p = self.ef[i], self.params[i]
+        ef.mul_(self.decay).add_(pg)
+        ns, fwd, inv = self.dct._bases(p)
+        coeffs = self.dct._encode(ef, ns, fwd)
+        k = min(max(self.topk, 1), coeffs.shape[-1])
+        idx = torch.topk(coeffs.abs(), k, dim=-1).indices
+        val = torch.gather(coeffs, -1, idx)
+        if self.encoding == "bf16":
+            val = val.to(torch.bfloat16).to(p.dtype)
+        elif self.encoding == "scaled_sign":
+            magnitude = val.abs().sum(-1, keepdim=True) / k
+            val = torch.where(val < 0, -magnitude, magnitude)
+        ef.sub_(self.dct._decode(torch.zeros_like(coeffs).scatter(-1, idx, val), p.shape, ns, inv))
+        dense = torch.zeros_like(coeffs).scatter_reduce(
+            -1, torch.cat(self._gather(idx), -1), torch.cat(self._gather(val), -1), reduce="mean", include_self=False)
+        return self.dct._decode(dense, p.shape, ns, inv)
+
+    @torch.no_grad()
+    def sync(self):
+        for i, (p, g) in enumerate(zip(self.params, self.globals)):
+            pg = g.detach() - p.detach()
+            g.grad = self._dense_mean(pg) if self.compression == "dense" else self._topk_mean(i, pg)
+        self.outer.step()
+        for p, g in zip(self.params, self.globals):
+            p.copy_(g)
