@@ -13,6 +13,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from flexdemo.compression.exchange import all_gather_flat
 from flexdemo.local import local_tensor
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -66,7 +67,7 @@ def check_replicas_identical(
     hashes = torch.stack([tensor_hash(t).to(device) for _, t in named])
     size = dist.get_world_size(group)
     gathered = torch.empty(size * len(named), dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(gathered, hashes, group=group)
+    all_gather_flat(gathered, hashes, group=group)
     gathered = gathered.view(size, len(named))
     differs = (gathered != gathered[0]).any(0)
     first_bad = int(differs.nonzero()[0]) if bool(differs.any()) else len(named)

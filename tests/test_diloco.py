@@ -246,3 +246,25 @@ def test_bad_arguments(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         DiLoCo([("w", nn.Parameter(torch.randn(4, 4)))], **args)
+
+
+def _all_coefficients_vs_dense(rank, world):
+    # Keeping every DCT coefficient in fp32 sends the whole pseudo-gradient: the compressed
+    # outer step must then equal the dense one up to the DCT's rounding.
+    results = []
+    for kw in (dict(compression="dense"), dict(compression="topk", topk=64 * 64, decay=0.0)):
+        params = _params()
+        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, value_encoding="fp32", **kw)
+        inner = torch.optim.AdamW(params, lr=1e-2)
+        for step in range(6):
+            outer.before_inner_step()
+            _inner_steps(params, inner, torch.Generator().manual_seed(10 * rank + step), 1)
+            outer.after_inner_step()
+        results.append([p.detach().clone() for p in params])
+    start = _params()
+    return max(float((a - b).abs().max() / (b - s).abs().max()) for a, b, s in zip(*results, start))
+
+
+def test_topk_keeping_everything_equals_dense():
+    for worst in run_ranks(_all_coefficients_vs_dense, 2):
+        assert worst < 1e-5, worst

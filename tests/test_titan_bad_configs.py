@@ -26,6 +26,14 @@ CASES = {
         "parallelism.context_parallel_degree=2",
     ),
     "topk_larger_than_block": (["--flexdemo.topk", "5000"], "topk=5000 is larger than a"),
+    "bare_sign_outer_values": (
+        ["--flexdemo.mode", "demo_diloco", "--flexdemo.outer_value_encoding", "sign"],
+        "a bare sign would move every weight by outer_lr",
+    ),
+    "check_between_outer_steps": (
+        ["--flexdemo.mode", "diloco", "--flexdemo.sync_interval", "4"],
+        "replica_check_interval=10 must be a multiple of sync_interval=4",
+    ),
 }
 
 

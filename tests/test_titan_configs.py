@@ -27,7 +27,14 @@ def test_config_is_valid(path):
     assert job.experimental.custom_import == "flexdemo.titan.register"
     spec = get_train_spec(job.model.name)
     assert job.model.flavor in spec.model_args
-    assert job.flexdemo.mode == ("off" if "adamw" in path.stem else "demo")
+    assert job.flexdemo.mode == _mode(path.stem)
+
+
+def _mode(stem: str) -> str:
+    for part, mode in (("adamw", "off"), ("demo_diloco", "demo_diloco"), ("diloco", "diloco")):
+        if part in stem:
+            return mode
+    return "demo"
 
 
 def test_validation_rejects_bad_world_size():
@@ -44,3 +51,42 @@ def test_validation_rejects_bad_world_size():
         job.parallelism.data_parallel_replicate_degree = 1
         job.parallelism.data_parallel_shard_degree = -1
         validate_job_config(job, 4)
+
+
+def _job(*overrides, config="cpu_2x2_diloco.toml"):
+    from torchtitan.config import ConfigManager
+
+    return ConfigManager().parse_args(["--job.config_file", str(CONFIGS / config), *overrides])
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["--flexdemo.sync_interval", "0"], "sync_interval=0; expected an integer >= 1"),
+    (["--flexdemo.outer_lr", "0"], "outer_lr=0.0; expected > 0"),
+    (["--flexdemo.outer_momentum", "1.0"], "outer_momentum=1.0"),
+    (["--flexdemo.outer_momentum", "0"], "outer_nesterov=true needs outer_momentum > 0"),
+    (["--flexdemo.outer_value_encoding", "sign"], "a bare sign would move every weight by outer_lr"),
+    (["--flexdemo.outer_value_encoding", "scaled_sign"], "with mode='diloco'; expected one of ('fp32', 'bf16')"),
+    (["--flexdemo.outer_topk", "5000"], "outer_topk=5000; expected an integer in [1, outer_chunk**2=4096]"),
+    (["--flexdemo.outer_decay", "1.5"], "outer_decay=1.5"),
+    (["--flexdemo.outer_state_device", "nvme"], "outer_state_device='nvme'"),
+    (["--flexdemo.replica_check_interval", "7"], "must be a multiple of sync_interval=5"),
+    (["--parallelism.data_parallel_replicate_degree", "1", "--parallelism.data_parallel_shard_degree", "4"],
+     "mode='diloco' needs parallelism.data_parallel_replicate_degree >= 2"),
+])
+def test_diloco_validation(overrides, match, capsys):
+    from flexdemo.titan.config import FlexDemoConfigError, validate_job_config
+
+    # Checks of the [flexdemo] section alone run while tyro parses (it prints them and exits);
+    # checks across sections run in validate_job_config.
+    with pytest.raises((FlexDemoConfigError, SystemExit)) as err:
+        validate_job_config(_job(*overrides), 4)
+    said = " ".join((str(err.value) + capsys.readouterr().err).replace("│", " ").split())
+    assert match in said, said[-2000:]
+
+
+def test_outer_keys_follow_the_mode():
+    from flexdemo.titan.config import validate_job_config
+
+    # scaled_sign is for the compressed outer exchange; plain SGD needs nesterov off.
+    validate_job_config(_job("--flexdemo.outer_value_encoding", "scaled_sign", config="cpu_2x2_demo_diloco.toml"), 4)
+    validate_job_config(_job("--flexdemo.outer_momentum", "0", "--flexdemo.no-outer-nesterov"), 4)

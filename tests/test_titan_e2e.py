@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from titan_launch import CONFIGS, launch
+from titan_launch import CONFIGS, expected_payload_bytes, launch
 
 STEPS, CKPT_STEP = 20, 10
 DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
@@ -67,38 +67,12 @@ def test_demo_replicas_bit_identical(demo_run):
     assert d[(0, CKPT_STEP)] != d[(0, STEPS)]  # and the params did change
 
 
-def _expected_bytes_per_step(shard: int, shards: int = 2, chunk: int = 64, topk: int = 32) -> int:
-    """The payload formula for this rank's FSDP shard (dim 0, torch.chunk): tensors that
-    share a block shape form one bucket of ceil(blocks*k*12/8) index bytes + ceil(blocks*k/8)
-    sign bytes."""
-    from torchtitan.models.llama3 import llama3_args, Transformer
-
-    from flexdemo.compression.bitpack import bits_for
-    from flexdemo.compression.dct import block_layout
-
-    with torch.device("meta"):
-        model = Transformer(llama3_args["debugmodel"])
-    blocks_per_bucket = {}
-    for p in model.parameters():
-        rows = -(-p.shape[0] // shards)
-        local_rows = max(0, min(p.shape[0], (shard + 1) * rows) - shard * rows)
-        layout = block_layout((local_rows, *p.shape[1:]), chunk)
-        if layout.num_blocks:
-            key = (layout.n1, layout.n2, min(topk, layout.block_numel))
-            blocks_per_bucket[key] = blocks_per_bucket.get(key, 0) + layout.num_blocks
-    total = 0
-    for (n1, n2, k), blocks in blocks_per_bucket.items():
-        count = blocks * k
-        total += -(-count * bits_for(n1 * n2) // 8) + -(-count // 8)
-    return total
-
-
 def test_demo_logged_bytes_match_formula(demo_run):
     replicas = 2
     for rank in range(4):
         xchg = demo_run.exchange(rank)
         assert sorted(xchg) == list(range(1, STEPS + 1)), xchg
-        expected = _expected_bytes_per_step(shard=rank % 2)
+        expected = expected_payload_bytes(shard=rank % 2)
         for step, (sent, recv, sent_total, recv_total) in xchg.items():
             assert sent == expected, (rank, step, sent, expected)
             assert recv == (replicas - 1) * expected
@@ -106,7 +80,7 @@ def test_demo_logged_bytes_match_formula(demo_run):
             assert recv_total == step * (replicas - 1) * expected
     # Sanity: ~52 B per 4096 fp32 values (12-bit indices + sign bits) vs 16 KiB dense.
     n_local = sum(p.numel() for p in _meta_params()) / 2
-    assert _expected_bytes_per_step(0) < 0.01 * 4 * n_local
+    assert expected_payload_bytes(0) < 0.01 * 4 * n_local
 
 
 def _meta_params():
@@ -172,7 +146,7 @@ def test_demo_tensorboard_has_exchange_metrics(demo_run):
                 "replica_exchange/bytes_sent_total", "replica_exchange/exchange(s)"):
         assert tag in tags, sorted(tags)
     sent = [e.value for e in acc.Scalars("replica_exchange/bytes_sent")]
-    assert len(sent) == STEPS and sent[0] == _expected_bytes_per_step(shard=0)
+    assert len(sent) == STEPS and sent[0] == expected_payload_bytes(shard=0)
 
 
 def test_qwen3_family_demo_runs(tmp_path, assets):

@@ -88,3 +88,40 @@ def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeou
         out, _ = proc.communicate()
         raise AssertionError(f"launch timed out after {timeout}s:\n{out[-5000:]}")
     return Run(proc.returncode, out, dump, dump / "torchrun_logs")
+
+
+def debugmodel_local_shapes(shard: int, shards: int = 2) -> list[tuple[int, ...]]:
+    """Local shapes of llama3 debugmodel's parameters on FSDP shard ``shard`` (dim 0, torch.chunk)."""
+    import torch
+    from torchtitan.models.llama3 import Transformer, llama3_args
+
+    with torch.device("meta"):
+        model = Transformer(llama3_args["debugmodel"])
+    out = []
+    for p in model.parameters():
+        rows = -(-p.shape[0] // shards)
+        local_rows = max(0, min(p.shape[0], (shard + 1) * rows) - shard * rows)
+        out.append((local_rows, *p.shape[1:]))
+    return out
+
+
+def expected_payload_bytes(shard: int, encoding: str = "sign", shards: int = 2, chunk: int = 64,
+                           topk: int = 32) -> int:
+    """The payload formula for this rank's FSDP shard of the debug model: tensors that share a
+    block shape form one bucket of ceil(blocks*k*bits/8) index bytes + the value bytes."""
+    from flexdemo.compression.bitpack import bits_for
+    from flexdemo.compression.dct import block_layout
+
+    blocks_per_bucket = {}
+    for shape in debugmodel_local_shapes(shard, shards):
+        layout = block_layout(shape, chunk)
+        if layout.num_blocks:
+            key = (layout.n1, layout.n2, min(topk, layout.block_numel))
+            blocks_per_bucket[key] = blocks_per_bucket.get(key, 0) + layout.num_blocks
+    value_bytes = {"sign": lambda c, b: -(-c // 8), "scaled_sign": lambda c, b: -(-c // 8) + 4 * b,
+                   "fp32": lambda c, b: 4 * c, "bf16": lambda c, b: 2 * c}[encoding]
+    total = 0
+    for (n1, n2, k), blocks in blocks_per_bucket.items():
+        count = blocks * k
+        total += -(-count * bits_for(n1 * n2) // 8) + value_bytes(count, blocks)
+    return total

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial
 
 # torch 2.13 deprecates all_gather_into_tensor in favour of all_gather_single (absent in 2.11).
-_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 @dataclass
@@ -47,7 +47,7 @@ def gather_payloads(mine: torch.Tensor, group) -> tuple[torch.Tensor, Traffic]:
     if world == 1 or total == 0:
         return mine.unsqueeze(0), Traffic(total, 0)
     gathered = torch.empty(world * total, dtype=torch.uint8, device=mine.device)
-    _all_gather_flat(gathered, mine, group=group)
+    all_gather_flat(gathered, mine, group=group)
     return gathered.view(world, total), Traffic(total, (world - 1) * total)
 
 
@@ -74,7 +74,7 @@ def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype) -> tuple[to
         mine += parts[w]
     mine /= world
     gathered = torch.empty_like(send)
-    _all_gather_flat(gathered, mine.to(wire_dtype), group=group)
+    all_gather_flat(gathered, mine.to(wire_dtype), group=group)
     elem = send.element_size()
     share = (world - 1) * chunk * elem
     # all_to_all: the other replicas' chunks leave and arrive; all_gather: own mean leaves, others arrive.
@@ -91,7 +91,7 @@ def check_replicas_agree(signature: str, count: int, group, device: torch.device
     mine = torch.tensor([count, int.from_bytes(digest, "little")], dtype=torch.int64, device=device)
     world = group_size(group)
     gathered = torch.empty(world * 2, dtype=torch.int64, device=device)
-    _all_gather_flat(gathered, mine, group=group)
+    all_gather_flat(gathered, mine, group=group)
     rows = gathered.view(-1, 2).tolist()
     ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
     for r, row in enumerate(rows):

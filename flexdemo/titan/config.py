@@ -13,9 +13,15 @@ from dataclasses import dataclass, field
 
 from torchtitan.config.job_config import JobConfig as _TitanJobConfig
 
-MODES = ("demo", "off")
-VALUE_ENCODINGS = ("fp32", "bf16", "sign")
+from flexdemo.compression.codec import VALUE_ENCODINGS
+from flexdemo.optim.diloco import DENSE_ENCODINGS, STATE_DEVICES, TOPK_ENCODINGS
+
+DILOCO_MODES = ("diloco", "demo_diloco")
+MODES = ("demo", "off", *DILOCO_MODES)
+# Modes in which FSDP shards inside a replica only and flexdemo owns the replica exchange.
+SEPARATE_REPLICA_MODES = ("demo", *DILOCO_MODES)
 INIT_SYNC = ("broadcast", "verify", "none")
+OUTER_VALUE_ENCODINGS = {"diloco": tuple(DENSE_ENCODINGS), "demo_diloco": TOPK_ENCODINGS}
 
 
 class FlexDemoConfigError(ValueError):
@@ -25,7 +31,9 @@ class FlexDemoConfigError(ValueError):
 @dataclass
 class FlexDemo:
     mode: str = "demo"
-    """"demo": FSDP inside a replica + DeMo compressed exchange across replicas.
+    """"demo": FSDP inside a replica + DeMo compressed exchange across replicas every step.
+    "diloco": [optimizer] (AdamW) inside each replica, a dense outer step every sync_interval steps.
+    "demo_diloco": as "diloco", with the outer exchange DCT/top-k compressed (outer_topk, ...).
     "off": torchtitan's stock HSDP + [optimizer] (AdamW) baseline, same launcher."""
 
     topk: int = 32
@@ -48,6 +56,35 @@ class FlexDemo:
 
     init_sync: str = "broadcast"
     """At start: "broadcast" params from replica 0, "verify" they match, or "none"."""
+
+    sync_interval: int = 100
+    """DiLoCo modes: inner steps between outer steps (H)."""
+
+    outer_lr: float = 0.7
+    """DiLoCo modes: outer SGD learning rate."""
+
+    outer_momentum: float = 0.9
+    """DiLoCo modes: outer SGD momentum (0 = plain SGD)."""
+
+    outer_nesterov: bool = True
+    """DiLoCo modes: Nesterov momentum in the outer SGD."""
+
+    outer_value_encoding: str = "fp32"
+    """DiLoCo modes: the outer exchange's values: "fp32" or "bf16" (diloco: the dense wire dtype;
+    demo_diloco: the kept coefficients), or "scaled_sign" (demo_diloco: 1 bit + a scale per block)."""
+
+    outer_topk: int = 32
+    """demo_diloco: coefficients kept per DCT block of the outer error-feedback buffer."""
+
+    outer_chunk: int = 64
+    """demo_diloco: target DCT block edge of the outer compression."""
+
+    outer_decay: float = 0.9
+    """demo_diloco: decay of the outer error-feedback buffer, in [0, 1]."""
+
+    outer_state_device: str = "device"
+    """DiLoCo modes: where the global copy, outer momentum and error feedback live: "device"
+    (12 bytes/param on the GPU) or "cpu" (pinned host memory, streamed during the outer step)."""
 
     def __post_init__(self) -> None:
         check_section(self)
@@ -80,6 +117,30 @@ def check_section(c: FlexDemo) -> None:
         _fail(f"weight_decay={c.weight_decay!r}; expected >= 0")
     if not isinstance(c.replica_check_interval, int) or c.replica_check_interval < 0:
         _fail(f"replica_check_interval={c.replica_check_interval!r}; expected an integer >= 0")
+    _check_outer(c)
+
+
+def _check_outer(c: FlexDemo) -> None:
+    if not isinstance(c.sync_interval, int) or c.sync_interval < 1:
+        _fail(f"sync_interval={c.sync_interval!r}; expected an integer >= 1")
+    if not float(c.outer_lr) > 0.0:
+        _fail(f"outer_lr={c.outer_lr!r}; expected > 0")
+    if not 0.0 <= float(c.outer_momentum) < 1.0:
+        _fail(f"outer_momentum={c.outer_momentum!r}; expected 0 <= outer_momentum < 1")
+    if c.mode in DILOCO_MODES and c.outer_nesterov and float(c.outer_momentum) == 0.0:
+        _fail("outer_nesterov=true needs outer_momentum > 0 (plain SGD: outer_nesterov=false, outer_momentum=0)")
+    allowed = OUTER_VALUE_ENCODINGS.get(c.mode, tuple(dict.fromkeys((*DENSE_ENCODINGS, *TOPK_ENCODINGS))))
+    if c.outer_value_encoding not in allowed:
+        why = " (a bare sign would move every weight by outer_lr)" if c.outer_value_encoding == "sign" else ""
+        _fail(f"outer_value_encoding={c.outer_value_encoding!r} with mode={c.mode!r}; expected one of {allowed}{why}")
+    if not isinstance(c.outer_chunk, int) or c.outer_chunk < 1:
+        _fail(f"outer_chunk={c.outer_chunk!r}; expected an integer >= 1")
+    if not isinstance(c.outer_topk, int) or not 1 <= c.outer_topk <= c.outer_chunk * c.outer_chunk:
+        _fail(f"outer_topk={c.outer_topk!r}; expected an integer in [1, outer_chunk**2={c.outer_chunk ** 2}]")
+    if not 0.0 <= float(c.outer_decay) <= 1.0:
+        _fail(f"outer_decay={c.outer_decay!r}; expected 0 <= outer_decay <= 1")
+    if c.outer_state_device not in STATE_DEVICES:
+        _fail(f"outer_state_device={c.outer_state_device!r}; expected one of {STATE_DEVICES}")
 
 
 def validate_job_config(job_config, world_size: int | None) -> None:
@@ -102,11 +163,11 @@ def validate_job_config(job_config, world_size: int | None) -> None:
             )
     if job_config.optimizer.early_step_in_backward:
         _fail("optimizer.early_step_in_backward is not supported by the flexdemo train specs")
-    if c.mode != "demo":
+    if c.mode not in SEPARATE_REPLICA_MODES:
         return
     if world_size is not None and world_size > 1 and p.data_parallel_replicate_degree < 2:
         _fail(
-            "mode='demo' needs parallelism.data_parallel_replicate_degree >= 2 (DeMo exchanges "
+            f"mode={c.mode!r} needs parallelism.data_parallel_replicate_degree >= 2 (it exchanges "
             "across replicas); use mode='off' for a single replica"
         )
     unsupported = {
@@ -118,11 +179,18 @@ def validate_job_config(job_config, world_size: int | None) -> None:
     bad = [f"{k}={v}" for k, v in unsupported.items() if v != 1]
     if bad:
         _fail(
-            f"mode='demo' supports data parallelism only (FSDP inside a replica, DeMo across "
-            f"replicas); got parallelism.{', parallelism.'.join(bad)}. Use mode='off' for TP/PP/CP/EP."
+            f"mode={c.mode!r} supports data parallelism only (FSDP inside a replica, flexdemo's "
+            f"exchange across replicas); got parallelism.{', parallelism.'.join(bad)}. "
+            "Use mode='off' for TP/PP/CP/EP."
         )
     if job_config.fault_tolerance.enable:
-        _fail("mode='demo' does not support fault_tolerance.enable")
+        _fail(f"mode={c.mode!r} does not support fault_tolerance.enable")
+    if c.mode in DILOCO_MODES and c.replica_check_interval % c.sync_interval != 0:
+        _fail(
+            f"replica_check_interval={c.replica_check_interval} must be a multiple of "
+            f"sync_interval={c.sync_interval} in mode={c.mode!r}: replicas are identical only right "
+            "after an outer step"
+        )
 
 
 @dataclass

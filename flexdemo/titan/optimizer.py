@@ -1,13 +1,16 @@
 """build_optimizers_fn for flexdemo train specs.
 
-mode "demo": DeMo on every model part (FSDP-sharded DTensor params; DeMo exchanges
-             compressed momentum over dp_replicate inside step()).
-mode "off":  torchtitan's Adam/AdamW from [optimizer]; replicas are kept equal by HSDP.
+mode "demo":        DeMo on every model part (FSDP-sharded DTensor params; DeMo exchanges
+                    compressed momentum over dp_replicate inside step()).
+mode "diloco" /
+mode "demo_diloco": torchtitan's Adam/AdamW from [optimizer] inside each replica, and the
+                    DiLoCo outer step (dense / DCT top-k compressed) every sync_interval steps.
+mode "off":         torchtitan's Adam/AdamW from [optimizer]; replicas are kept equal by HSDP.
 
-Both return a torchtitan ``OptimizersContainer`` subclass, so LR schedulers, DCP
+All return a torchtitan ``OptimizersContainer`` subclass, so LR schedulers, DCP
 checkpoints (flattened optimizer state dicts), step hooks and metrics work unchanged.
-The container adds: per-step/cumulative replica-exchange accounting and the
-periodic replica-identity check.
+The container adds: per-step/cumulative replica-exchange accounting, the periodic
+replica-identity check, and (DiLoCo modes) the outer step and its checkpointed state.
 """
 
 import time
@@ -22,21 +25,29 @@ from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
+from flexdemo.optim.diloco import DiLoCo
+
 from . import replicas as rep
-from .config import FlexDemoConfigError, flexdemo_section
+from .config import DILOCO_MODES, FlexDemoConfigError, flexdemo_section
 from .grad_scaling import scale_grads_to_replica_mean
 from .parallelize import JOB_CONFIG_ATTR
 
 # Extra key in the (flattened) optimizer state dict: [step, bytes_sent_total, bytes_received_total].
 COUNTERS_KEY = "flexdemo.exchange_counters"
-# DeMo's momentum differs between replicas (own gradients + own error feedback), but its
-# DTensors live on the shard mesh only, so DCP would see equal "global" tensors on every
-# replica and keep just one.  Per-replica keys make every replica's state distinct.
+# DeMo's momentum (and the inner AdamW state of the DiLoCo modes) differs between replicas
+# (own gradients), but its DTensors live on the shard mesh only, so DCP would see equal
+# "global" tensors on every replica and keep just one. Per-replica keys keep every replica's.
 STATE_PREFIX = "state."
+# The DiLoCo outer state: shared by all replicas, and per replica.
+OUTER_PREFIX = "flexdemo.diloco."
 
 
 def _replica_state_prefix(replica: int) -> str:
     return f"state@replica{replica}."
+
+
+def _replica_outer_prefix(replica: int) -> str:
+    return f"flexdemo.diloco@replica{replica}."
 
 
 class FlexOptimizersContainer(OptimizersContainer):
@@ -50,8 +61,10 @@ class FlexOptimizersContainer(OptimizersContainer):
         replica_check_interval: int,
         modelled_bytes_per_step: int | None,
         per_replica_state: bool,
+        outer: DiLoCo | None = None,
     ) -> None:
         super().__init__(model_parts, optimizer_cls, optimizer_kwargs)
+        self.outer = outer
         self.replicate_group = replicate_group
         self.replica_check_interval = replica_check_interval
         # Mode "off": HSDP all-reduce bytes are modelled (FSDP does the comms, not us).
@@ -73,10 +86,21 @@ class FlexOptimizersContainer(OptimizersContainer):
 
     def step(self, *args, **kwargs) -> None:
         start = time.perf_counter()
+        if self.outer is not None:
+            self.outer.before_inner_step()
         super().step(*args, **kwargs)
+        synced = self.outer.after_inner_step() if self.outer is not None else False
         self.last_step_seconds = time.perf_counter() - start
         self.step_count += 1
         self._account_exchange()
+        if synced:
+            logger.info(
+                f"flexdemo: outer step {self.outer.outer_steps} after step {self.step_count} "
+                f"({self.outer.compression}, {self.last_bytes_sent} bytes sent, "
+                f"{self.last_bytes_received} received over dp_replicate)"
+            )
+        # Validation makes the interval a multiple of sync_interval in the DiLoCo modes, so
+        # the check always runs right after an outer step.
         if (
             self.replicate_group is not None
             and self.replica_check_interval
@@ -88,6 +112,9 @@ class FlexOptimizersContainer(OptimizersContainer):
         if self.modelled_bytes_per_step is not None:
             sent = received = self.modelled_bytes_per_step
             seconds = None
+        elif self.outer is not None:
+            sent, received = self.outer.last_traffic.sent, self.outer.last_traffic.received
+            seconds = self.outer.last_exchange_seconds
         else:
             sent = sum(int(getattr(o, "last_step_bytes_sent", 0)) for o in self.optimizers)
             received = sum(int(getattr(o, "last_step_bytes_received", 0)) for o in self.optimizers)
@@ -118,11 +145,22 @@ class FlexOptimizersContainer(OptimizersContainer):
         sd[self.counters_key] = torch.tensor(
             [self.step_count, self.bytes_sent_total, self.bytes_received_total], dtype=torch.int64
         )
+        if self.outer is not None:
+            sd.update(self.outer.state_dict(OUTER_PREFIX, self._outer_replica_prefix()))
         return sd
+
+    def _outer_replica_prefix(self) -> str:
+        return _replica_outer_prefix(dist.get_rank(self.replicate_group))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         counters = state_dict.pop(self.counters_key, None)
+        if self.outer is not None:
+            prefixes = (OUTER_PREFIX, self._outer_replica_prefix())
+            outer_sd = {k: state_dict.pop(k) for k in list(state_dict) if k.startswith(prefixes)}
+            # Also restores each replica's own local parameters (the model's keys hold one
+            # replica's shards only): must run after DCP has loaded the model's tensors.
+            self.outer.load_state_dict(outer_sd, *prefixes)
         if self.replica_prefix:
             state_dict = {_swap_prefix(k, self.replica_prefix, STATE_PREFIX): v for k, v in state_dict.items()}
         super().load_state_dict(state_dict)
@@ -151,12 +189,12 @@ def _job_config(model_parts: list[nn.Module]):
     return job_config
 
 
-def _adam_kwargs(optimizer_config) -> tuple[type, dict[str, Any]]:
+def _adam_kwargs(optimizer_config, mode: str) -> tuple[type, dict[str, Any]]:
     """Same optimizer and kwargs as torchtitan's stock build_optimizers."""
     classes = {"Adam": torch.optim.Adam, "AdamW": torch.optim.AdamW}
     if optimizer_config.name not in classes:
         raise FlexDemoConfigError(
-            f"[flexdemo] mode='off' supports optimizer.name in {sorted(classes)}, got {optimizer_config.name!r}"
+            f"[flexdemo] mode={mode!r} supports optimizer.name in {sorted(classes)}, got {optimizer_config.name!r}"
         )
     impl = optimizer_config.implementation
     return classes[optimizer_config.name], {
@@ -198,7 +236,7 @@ def build_flexdemo_optimizers(
     group = _replicate_group(parallel_dims)
 
     if cfg.mode == "off":
-        cls, kwargs = _adam_kwargs(optimizer_config)
+        cls, kwargs = _adam_kwargs(optimizer_config, cfg.mode)
         modelled = _modelled_hsdp_allreduce_bytes(
             model_parts, parallel_dims, TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce]
         )
@@ -211,14 +249,12 @@ def build_flexdemo_optimizers(
             per_replica_state=False,  # HSDP keeps AdamW state identical across replicas
         )
 
-    # mode "demo": replicas must start identical, and see replica-mean gradients.
-    if group is not None:
-        if cfg.init_sync == "broadcast":
-            rep.broadcast_from_replica0(model_parts, group)
-            logger.info("flexdemo: broadcast initial params from replica 0")
-        elif cfg.init_sync == "verify":
-            rep.verify_identical(model_parts, group, step=0)
+    # Every other mode keeps replicas apart: they must start identical, and see replica-mean gradients.
+    _start_replicas_identical(model_parts, group, cfg.init_sync)
     scale_grads_to_replica_mean(model_parts, parallel_dims.dp_replicate)
+
+    if cfg.mode in DILOCO_MODES:
+        return _build_diloco(model_parts, optimizer_config, parallel_dims, cfg, group)
 
     from flexdemo.optim import DeMo
 
@@ -241,4 +277,53 @@ def build_flexdemo_optimizers(
         replica_check_interval=cfg.replica_check_interval,
         modelled_bytes_per_step=None,
         per_replica_state=True,
+    )
+
+
+def _start_replicas_identical(model_parts, group, init_sync: str) -> None:
+    if group is None:
+        return
+    if init_sync == "broadcast":
+        rep.broadcast_from_replica0(model_parts, group)
+        logger.info("flexdemo: broadcast initial params from replica 0")
+    elif init_sync == "verify":
+        rep.verify_identical(model_parts, group, step=0)
+
+
+def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cfg, group) -> FlexOptimizersContainer:
+    if len(model_parts) != 1:  # validation rejects pipeline parallelism in these modes
+        raise FlexDemoConfigError(f"mode={cfg.mode!r} needs one model part, got {len(model_parts)}")
+    topk = cfg.mode == "demo_diloco"
+    outer = DiLoCo(
+        model_parts[0].named_parameters(),
+        sync_interval=cfg.sync_interval,
+        outer_lr=cfg.outer_lr,
+        outer_momentum=cfg.outer_momentum,
+        nesterov=cfg.outer_nesterov,
+        compression="topk" if topk else "dense",
+        value_encoding=cfg.outer_value_encoding,
+        topk=cfg.outer_topk,
+        chunk=cfg.outer_chunk,
+        decay=cfg.outer_decay,
+        replicate_group=group,
+        state_device=cfg.outer_state_device,
+    )
+    cls, kwargs = _adam_kwargs(optimizer_config, cfg.mode)
+    compression = (
+        f"DCT top-k (topk={cfg.outer_topk}, chunk={cfg.outer_chunk}, decay={cfg.outer_decay})" if topk else "dense"
+    )
+    logger.info(
+        f"flexdemo: mode={cfg.mode}: {optimizer_config.name} inside each replica, outer step every "
+        f"{cfg.sync_interval} steps over dp_replicate={parallel_dims.dp_replicate}: {compression}, "
+        f"{cfg.outer_value_encoding} values, SGD lr={cfg.outer_lr} momentum={cfg.outer_momentum} "
+        f"nesterov={cfg.outer_nesterov}, state on {cfg.outer_state_device} "
+        f"({outer.state_bytes_per_param()} bytes/param)"
+    )
+    return FlexOptimizersContainer(
+        model_parts, cls, kwargs,
+        replicate_group=group,
+        replica_check_interval=cfg.replica_check_interval,
+        modelled_bytes_per_step=None,
+        per_replica_state=True,  # each replica's AdamW state is its own
+        outer=outer,
     )
