@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: codec benchmarks on one GPU, JSON into $OUT (or ./outputs/codec_bench).
-#   optimizer path (bench_codec.py): torch vs fused for sign, fused for bf16 / fp32;
+#   optimizer path (bench_codec.py): torch vs fused for sign, fused for scaled_sign / bf16 / fp32;
 #   kernel level (bench_fused.py): per-tensor vs grouped launches, bitwise checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
 B="python3 scripts/bench_codec.py --device cuda --layers 32 --embeddings --iters 5"
 $B --path torch --encoding sign --json "$OUT_DIR/codec_torch_sign.json" > /dev/null
-for enc in sign bf16 fp32; do
+for enc in sign scaled_sign bf16 fp32; do
   $B --path fused --encoding "$enc" --json "$OUT_DIR/codec_fused_$enc.json" > /dev/null
 done
 python3 scripts/bench_fused.py --device cuda --layers 32 --embeddings --iters 5 --json "$OUT_DIR/kernels.json" > "$OUT_DIR/kernels.txt" 2>&1

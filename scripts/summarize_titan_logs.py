@@ -3,8 +3,9 @@
   python scripts/summarize_titan_logs.py outputs/titan_bench/*.log
 
 Per log (rank 0's lines): final loss, mean tokens/s per GPU over the logged steps after the
-first (compile and warm-up), bytes each rank sends over the replica dimension per step
-(flexdemo's measured counter, or the baseline's modelled all-reduce bytes) and the exchange time.
+first (compile and warm-up), torchtitan's peak memory, bytes each rank sends and receives over
+the replica dimension at the last logged step and received in total (flexdemo's measured
+counter, or the baseline's modelled all-reduce bytes) and the exchange time.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import sys
 from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STEP = re.compile(r"\[rank0\].* - INFO - step:\s*(\d+)\s+loss:\s*(\S+).*?tps:\s*([\d,]+)")
+STEP = re.compile(r"\[rank0\].* - INFO - step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)")
 XCHG = re.compile(r"\[rank0\].*flexdemo step:\s*(\d+)\s+sent_bytes:\s*(\d+)\s+received_bytes:\s*(\d+)"
+                  r"\s+sent_bytes_total:\s*(\d+)\s+received_bytes_total:\s*(\d+)"
                   r".*?optimizer_step_ms:\s*([\d.]+)(?:\s+exchange_ms:\s*([\d.]+))?")
 
 
@@ -24,27 +26,29 @@ def summarize(path: Path) -> dict:
     for raw in path.read_text(errors="replace").splitlines():
         line = ANSI.sub("", raw)
         if m := STEP.search(line):
-            steps[int(m[1])] = (float(m[2]), float(m[3].replace(",", "")))
+            steps[int(m[1])] = (float(m[2]), float(m[4].replace(",", "")), float(m[3]))
         elif m := XCHG.search(line):
-            xchg[int(m[1])] = (int(m[2]), int(m[3]), float(m[4]), float(m[5]) if m[5] else None)
+            xchg[int(m[1])] = (int(m[2]), int(m[3]), int(m[5]), float(m[6]), float(m[7]) if m[7] else None)
             modelled = modelled or "modelled" in line
     if not steps:
         return {"run": path.stem, "error": "no step lines"}
     last = max(steps)
-    tps = [t for s, (_, t) in steps.items() if s > 1]
+    tps = [t for s, (_, t, _) in steps.items() if s > 1]
     out = {"run": path.stem, "steps": last, "final_loss": steps[last][0],
-           "tokens_per_s_per_gpu": sum(tps) / len(tps) if tps else float("nan")}
+           "tokens_per_s_per_gpu": sum(tps) / len(tps) if tps else float("nan"),
+           "peak_memory_gib": max(mem for _, _, mem in steps.values())}
     if xchg:
         s = xchg[max(xchg)]
-        out.update(bytes_sent_per_step=s[0], bytes_received_per_step=s[1], optimizer_step_ms=s[2],
-                   exchange_ms=s[3], bytes_modelled=modelled)
+        out.update(bytes_sent_per_step=s[0], bytes_received_per_step=s[1], bytes_received_total=s[2],
+                   optimizer_step_ms=s[3], exchange_ms=s[4], bytes_modelled=modelled)
     return out
 
 
 def main(paths):
     rows = [summarize(Path(p)) for p in paths]
-    cols = ["run", "steps", "final_loss", "tokens_per_s_per_gpu", "bytes_sent_per_step",
-            "bytes_received_per_step", "bytes_modelled", "optimizer_step_ms", "exchange_ms", "error"]
+    cols = ["run", "steps", "final_loss", "tokens_per_s_per_gpu", "peak_memory_gib", "bytes_sent_per_step",
+            "bytes_received_per_step", "bytes_received_total", "bytes_modelled", "optimizer_step_ms", "exchange_ms",
+            "error"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
