@@ -254,6 +254,13 @@ def build_flexdemo_optimizers(
     scale_grads_to_replica_mean(model_parts, parallel_dims.dp_replicate)
 
     if cfg.mode in DILOCO_MODES:
+        steps = job_config.training.steps
+        if steps % cfg.sync_interval:
+            logger.warning(
+                f"flexdemo: training.steps={steps} is not a multiple of sync_interval={cfg.sync_interval}: "
+                f"the last {steps % cfg.sync_interval} steps end without an outer step, and the model "
+                "saved last is each replica's own local one"
+            )
         return _build_diloco(model_parts, optimizer_config, parallel_dims, cfg, group)
 
     from flexdemo.optim import DeMo
