@@ -27,7 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, sync, timed  # noqa: E402,E501
+from bench_common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, timed  # noqa: E402,E501
 
 from flexdemo.compression.codec import (  # noqa: E402
     compress as compress_momentum,

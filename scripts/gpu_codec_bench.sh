@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-outputs/codec_bench}"; mkdir -p "$OUT_DIR"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
 B="python3 scripts/bench_codec.py --device cuda --layers 32 --embeddings --iters 5"
 $B --path torch --encoding sign --json "$OUT_DIR/codec_torch_sign.json" > /dev/null

@@ -8,12 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-outputs/diloco_bench}"; mkdir -p "$OUT_DIR"
-if compgen -G ".whl/*.whl" >/dev/null; then  # the device machines have no internet
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH"  # torchrun beside python3
+source scripts/gpu_env.sh
 PART=${PART:-all}; STEPS=${STEPS:-100}; SYNC=${SYNC:-25}; FLAVOR=${FLAVOR:-1B}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpus.txt"
 export NPROC=2 LOG_RANK=0,1

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -15,41 +14,21 @@ from torch.distributed.tensor import DTensor
 from flexdemo.optim.diloco import DiLoCo
 from multiproc import run_ranks
 from reference_diloco import ReferenceDiLoCo
+from toy_problem import INPUT_NUMEL, SHAPES, all_ranks_equal, loss, make_params
 
-SHAPES = [(128, 64), (128,), (96, 130), (100,), (7, 11), (251, 3)]
 H, SYNCS = 3, 4
-
-
-def _params(seed=0):
-    g = torch.Generator().manual_seed(seed)  # same seed on every rank: replicas start identical
-    return [torch.randn(s, generator=g).requires_grad_() for s in SHAPES]
-
-
-def _loss(params, x):
-    total = 0.0
-    for p in params:
-        flat = p.reshape(-1)
-        total = total + (torch.tanh(flat * x[: flat.numel()]) ** 2).sum() + (flat * x[-flat.numel():]).sum()
-    return total
 
 
 def _inner_steps(params, inner, gen, steps):
     for _ in range(steps):
-        x = torch.randn(2 * 128 * 130, generator=gen)
+        x = torch.randn(INPUT_NUMEL, generator=gen)
         inner.zero_grad()
-        _loss(params, x).backward()
+        loss(params, x).backward()
         inner.step()
 
 
-def _all_equal(tensors):
-    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, flat)
-    return all(torch.equal(o, out[0]) for o in out)
-
-
 def _against_reference(rank, world, kw):
-    ours, ref = _params(), _params()
+    ours, ref = make_params(), make_params()
     outer = DiLoCo([(str(i), p) for i, p in enumerate(ours)], sync_interval=H, **kw)
     reference = ReferenceDiLoCo(ref, lr=kw["outer_lr"], momentum=kw["outer_momentum"], nesterov=kw["nesterov"],
                                 compression=kw["compression"], encoding=kw["value_encoding"],
@@ -67,9 +46,9 @@ def _against_reference(rank, world, kw):
             syncs.append(outer.after_inner_step())
             _inner_steps(ref, inner_ref, torch.Generator().manual_seed(seed), 1)
             if step == 0:
-                differ_inside_cycle.append(not _all_equal(ours))
+                differ_inside_cycle.append(not all_ranks_equal(ours))
         reference.sync()
-        identical_after_sync.append(_all_equal(ours))
+        identical_after_sync.append(all_ranks_equal(ours))
         for a, b in zip(ours, ref):
             worst = max(worst, float((a - b).abs().max() / b.abs().max()))
             if kw["compression"] == "dense":
@@ -112,7 +91,7 @@ def test_topk_matches_reference_and_replicas_stay_identical(world, encoding, mom
 
 
 def _payload_bytes(rank, world):
-    params = _params()
+    params = make_params()
     outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, compression="topk",
                    value_encoding="scaled_sign", topk=8, chunk=64)
     for p in params:
@@ -200,7 +179,7 @@ def test_sharded_equals_unsharded(compression, encoding, state_device):
 
 def _resume_mid_cycle(rank, world, compression, encoding):
     def run(steps, state=None):
-        params = _params()
+        params = make_params()
         outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=4, compression=compression,
                        value_encoding=encoding, topk=8)
         inner = torch.optim.AdamW(params, lr=1e-2)
@@ -253,7 +232,7 @@ def _all_coefficients_vs_dense(rank, world):
     # outer step must then equal the dense one up to the DCT's rounding.
     results = []
     for kw in (dict(compression="dense"), dict(compression="topk", topk=64 * 64, decay=0.0)):
-        params = _params()
+        params = make_params()
         outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, value_encoding="fp32", **kw)
         inner = torch.optim.AdamW(params, lr=1e-2)
         for step in range(6):
@@ -261,7 +240,7 @@ def _all_coefficients_vs_dense(rank, world):
             _inner_steps(params, inner, torch.Generator().manual_seed(10 * rank + step), 1)
             outer.after_inner_step()
         results.append([p.detach().clone() for p in params])
-    start = _params()
+    start = make_params()
     return max(float((a - b).abs().max() / (b - s).abs().max()) for a, b, s in zip(*results, start))
 
 

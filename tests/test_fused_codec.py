@@ -13,10 +13,8 @@ import pytest
 import torch
 from triton_interpreter import kernels_or_skip
 
-from flexdemo.compression.codec import (
-    mean_of_selected, pack_payload, scaled_signs, select_topk, sent_values, unpack_payload,
-)
-from flexdemo.compression.dct import block_layout, blocks_dct, blocks_idct
+from flexdemo.compression.codec import compress, mean_of_selected, pack_payload, scaled_signs, unpack_payload
+from flexdemo.compression.dct import block_layout, blocks_idct
 
 fc = kernels_or_skip()
 
@@ -39,12 +37,7 @@ def _torch_encode(delta, grad, layout, k, encoding):
     d = delta.clone().mul_(DECAY)
     if grad is not None:
         d.add_(grad, alpha=LR)
-    coeffs = blocks_dct(d, layout)
-    idx, vals = select_topk(coeffs, k)
-    if encoding == "scaled_sign":
-        vals = scaled_signs(vals)
-    sent = torch.zeros_like(coeffs).scatter_(1, idx, sent_values(vals, encoding))
-    d.sub_(blocks_idct(sent, layout))
+    idx, vals = compress(d, layout, k, encoding)
     return d, idx, vals
 
 

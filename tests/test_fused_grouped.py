@@ -151,7 +151,7 @@ def test_group_pipeline_one_pack_one_unpack(name, encoding):
     # encode_many -> ONE pack of the group -> gather (W rows) -> ONE unpack -> mean_decode_many,
     # against the per-tensor fused pipeline.
     layouts, k, deltas, grads = _group(name, seed=6)
-    bn, W = layouts[0].block_numel, 2
+    bn = layouts[0].block_numel
     offs = fc.group_block_offsets(layouts)
     idx, vals = fc.fused_encode_many([d.clone() for d in deltas], grads, LR, DECAY, layouts, k, encoding)
     payload = fc.fused_pack_payload(idx, vals, bn, encoding)

@@ -2,35 +2,11 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from flexdemo import DeMo
 from multiproc import run_ranks
 from reference_demo import ReferenceDeMo
-
-SHAPES = [(128, 64), (128,), (96, 130), (100,), (7, 11), (251, 3)]
-
-
-def _make_params(seed):
-    g = torch.Generator().manual_seed(seed)  # same seed on every rank: replicas start identical
-    return [torch.randn(s, generator=g).requires_grad_() for s in SHAPES]
-
-
-def _loss(params, x):
-    # Gradients depend on the parameters, so a divergence would compound.
-    total = 0.0
-    for p in params:
-        flat = p.reshape(-1)
-        total = total + (torch.tanh(flat * x[: flat.numel()]) ** 2).sum() + (flat * x[-flat.numel():]).sum()
-    return total
-
-
-def _gathered_equal(tensors):
-    """True iff every rank holds exactly the same tensors."""
-    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, flat)
-    return all(torch.equal(o, out[0]) for o in out)
+from toy_problem import INPUT_NUMEL, all_ranks_equal, loss, make_params
 
 
 def _near_zero_only(ours, ref, reference):
@@ -48,7 +24,7 @@ def _near_zero_only(ours, ref, reference):
 
 
 def _against_reference(rank, world, encoding, steps, weight_decay):
-    ours, ref = _make_params(0), _make_params(0)
+    ours, ref = make_params(0), make_params(0)
     kw = dict(lr=0.01, decay=0.9, topk=8, chunk=64, weight_decay=weight_decay)
     opt = DeMo(ours, lr=kw["lr"], compression_decay=kw["decay"], compression_topk=kw["topk"],
                compression_chunk=kw["chunk"], weight_decay=weight_decay, value_encoding=encoding)
@@ -56,11 +32,11 @@ def _against_reference(rank, world, encoding, steps, weight_decay):
     gen = torch.Generator().manual_seed(1000 + rank)  # every replica sees different data
     mismatched_steps, diverged_steps = [], []
     for step in range(steps):
-        x = torch.randn(2 * 128 * 130, generator=gen)
+        x = torch.randn(INPUT_NUMEL, generator=gen)
         for params in (ours, ref):
             for p in params:
                 p.grad = None
-            _loss(params, x).backward()
+            loss(params, x).backward()
         opt.step()
         reference.step()
         if encoding == "sign":
@@ -72,9 +48,9 @@ def _against_reference(rank, world, encoding, steps, weight_decay):
                     d.copy_(opt.state[a]["delta"])
         elif not all(torch.equal(a, b) for a, b in zip(ours, ref)):
             mismatched_steps.append(step)
-        if not _gathered_equal(ours):
+        if not all_ranks_equal(ours):
             diverged_steps.append(step)
-    moved = sum(float((a.detach() - b.detach()).abs().sum()) for a, b in zip(ours, _make_params(0)))
+    moved = sum(float((a.detach() - b.detach()).abs().sum()) for a, b in zip(ours, make_params(0)))
     return mismatched_steps, diverged_steps, moved, opt.last_step_bytes_sent, opt.payload_bytes_per_step()
 
 
@@ -96,7 +72,7 @@ def test_compressed_values_match_reference_with_weight_decay(encoding):
 
 
 def _bytes_report(rank, world):
-    params = _make_params(0)
+    params = make_params(0)
     opt = DeMo(params, lr=0.01, compression_topk=8, value_encoding="sign")
     for p in params:
         p.grad = torch.ones_like(p)

@@ -37,13 +37,6 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    from flexdemo.data import ensure_assets
-
-    return ensure_assets(tmp_path_factory.mktemp("assets") / "stdlib")
-
-
 def _check_fails(run, message):
     assert run.returncode != 0, run.output[-3000:]
     flat = " ".join(run.output.replace("│", " ").split())  # undo tyro's box wrapping

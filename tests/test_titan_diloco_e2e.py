@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from titan_launch import CONFIGS, debugmodel_local_shapes, expected_payload_bytes, launch
+from titan_launch import CONFIGS, debugmodel_local_shapes, expected_payload_bytes, launch, load_dcp
 
 STEPS, H, CKPT_STEP = 12, 4, 6
 DEMO_DILOCO = CONFIGS / "cpu_2x2_demo_diloco.toml"
@@ -23,13 +23,6 @@ OVERRIDES = (
     "--flexdemo.sync_interval", str(H),
     "--flexdemo.replica_check_interval", str(H),
 )
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    from flexdemo.data import ensure_assets
-
-    return ensure_assets(tmp_path_factory.mktemp("assets") / "stdlib")
 
 
 def _checkpointing():
@@ -92,17 +85,9 @@ def test_demo_diloco_bytes_are_the_payload_formula(demo_diloco_run):
     assert expected_payload_bytes(0, "scaled_sign", topk=OUTER_TOPK) < 0.11 * 2 * numel
 
 
-def _load_dcp(path):
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = path.parent / (path.name + ".pt")
-    dcp_to_torch_save(str(path), str(out))
-    return torch.load(out, weights_only=False)
-
-
 def test_resume_in_the_middle_of_a_cycle_is_bit_identical(demo_diloco_run, tmp_path, assets):
     src = demo_diloco_run.dump / "checkpoint" / f"step-{CKPT_STEP}"
-    saved = _load_dcp(src)
+    saved = load_dcp(src)
     # The checkpoint holds the cycle position and both replicas' own state.
     assert saved["optimizer"]["flexdemo.diloco.cycle"].tolist() == [CKPT_STEP % H, CKPT_STEP // H]
     for r in (0, 1):
@@ -120,8 +105,8 @@ def test_resume_in_the_middle_of_a_cycle_is_bit_identical(demo_diloco_run, tmp_p
     for step in range(CKPT_STEP + 1, STEPS + 1):
         assert got[step] == ref[step], (step, got[step], ref[step])
     assert run.digests()[(0, STEPS)] == demo_diloco_run.digests()[(0, STEPS)]
-    a = _load_dcp(demo_diloco_run.dump / "checkpoint" / f"step-{STEPS}")
-    b = _load_dcp(dump / "checkpoint" / f"step-{STEPS}")
+    a = load_dcp(demo_diloco_run.dump / "checkpoint" / f"step-{STEPS}")
+    b = load_dcp(dump / "checkpoint" / f"step-{STEPS}")
     flat_a = {f"{k}/{kk}": vv for k, v in a.items() for kk, vv in (v.items() if isinstance(v, dict) else [("", v)])}
     flat_b = {f"{k}/{kk}": vv for k, v in b.items() for kk, vv in (v.items() if isinstance(v, dict) else [("", v)])}
     assert flat_a.keys() == flat_b.keys() and len(flat_a) > 0

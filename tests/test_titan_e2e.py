@@ -10,19 +10,12 @@ import shutil
 import pytest
 import torch
 
-from titan_launch import CONFIGS, expected_payload_bytes, launch
+from titan_launch import CONFIGS, expected_payload_bytes, launch, load_dcp
 
 STEPS, CKPT_STEP = 20, 10
 DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
 HSDP = CONFIGS / "cpu_2x2_hsdp_adamw.toml"
 RUN_TIMEOUT = 400
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    from flexdemo.data import ensure_assets
-
-    return ensure_assets(tmp_path_factory.mktemp("assets") / "stdlib")
 
 
 def _demo_overrides():
@@ -90,14 +83,6 @@ def _meta_params():
         return list(Transformer(llama3_args["debugmodel"]).parameters())
 
 
-def _load_dcp(path):
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = path.parent / (path.name + ".pt")
-    dcp_to_torch_save(str(path), str(out))
-    return torch.load(out, weights_only=False)
-
-
 def test_demo_resume_is_bit_identical(demo_run, tmp_path, assets):
     # Restart from the step-10 checkpoint of the 20-step run and train to 20 again.
     src = demo_run.dump / "checkpoint" / f"step-{CKPT_STEP}"
@@ -114,8 +99,8 @@ def test_demo_resume_is_bit_identical(demo_run, tmp_path, assets):
     # ... the checkpointed byte counters continued ...
     assert run.exchange(0)[STEPS] == demo_run.exchange(0)[STEPS]
     # ... and bit-identical final parameters.
-    a = _load_dcp(demo_run.dump / "checkpoint" / f"step-{STEPS}")
-    b = _load_dcp(dump / "checkpoint" / f"step-{STEPS}")
+    a = load_dcp(demo_run.dump / "checkpoint" / f"step-{STEPS}")
+    b = load_dcp(dump / "checkpoint" / f"step-{STEPS}")
     assert a.keys() == b.keys() and len(a) > 0
     for k in a:
         if isinstance(a[k], torch.Tensor):

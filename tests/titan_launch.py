@@ -125,3 +125,13 @@ def expected_payload_bytes(shard: int, encoding: str = "sign", shards: int = 2, 
         count = blocks * k
         total += -(-count * bits_for(n1 * n2) // 8) + value_bytes(count, blocks)
     return total
+
+
+def load_dcp(path: Path) -> dict:
+    """A DCP checkpoint folder as one plain state dict (via a torch.save file beside it)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = path.parent / (path.name + ".pt")
+    dcp_to_torch_save(str(path), str(out))
+    return torch.load(out, weights_only=False)

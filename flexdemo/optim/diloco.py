@@ -93,8 +93,7 @@ class DiLoCo:
         self.inner_steps = 0  # inner steps since the last sync (the position in the H-step cycle)
         self.outer_steps = 0
         self.has_global = False  # set at the first cycle's start, or by loading a checkpoint
-        self.last_traffic = Traffic()
-        self.synced = False  # whether the last inner step ended with a sync
+        self.last_traffic = Traffic()  # of the last inner step: zero unless it ended with a sync
         self._timers: list[ExchangeTimer] = []
 
         params = [e.param for e in self.entries]
@@ -134,12 +133,11 @@ class DiLoCo:
     def after_inner_step(self) -> bool:
         """Count one inner step; run the outer step when the cycle is complete. True if it ran."""
         self.inner_steps += 1
-        self.synced = self.inner_steps >= self.sync_interval
-        if self.synced:
-            self.sync()
-        else:
+        if self.inner_steps < self.sync_interval:
             self.last_traffic, self._timers = Traffic(), []
-        return self.synced
+            return False
+        self.sync()
+        return True
 
     def state_bytes_per_param(self) -> int:
         return 4 * (1 + (self.outer_momentum > 0) + (self.compression == "topk"))

@@ -1,0 +1,30 @@
+"""A small set of plain parameters and a loss over them, shared by the optimizer tests:
+1-D and 2-D shapes, prime and non-multiple-of-64 dims, gradients that depend on the
+parameters (so a divergence between implementations compounds)."""
+
+import torch
+import torch.distributed as dist
+
+SHAPES = [(128, 64), (128,), (96, 130), (100,), (7, 11), (251, 3)]
+INPUT_NUMEL = 2 * 128 * 130
+
+
+def make_params(seed=0):
+    g = torch.Generator().manual_seed(seed)  # same seed on every rank: replicas start identical
+    return [torch.randn(s, generator=g).requires_grad_() for s in SHAPES]
+
+
+def loss(params, x):
+    total = 0.0
+    for p in params:
+        flat = p.reshape(-1)
+        total = total + (torch.tanh(flat * x[: flat.numel()]) ** 2).sum() + (flat * x[-flat.numel():]).sum()
+    return total
+
+
+def all_ranks_equal(tensors):
+    """True iff every rank holds exactly the same tensors."""
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, flat)
+    return all(torch.equal(o, out[0]) for o in out)
