@@ -16,8 +16,9 @@ from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEP = re.compile(r"\[rank0\].* - INFO - step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)")
-XCHG = re.compile(r"\[rank0\].*flexdemo step:\s*(\d+)\s+sent_bytes:\s*(\d+)\s+received_bytes:\s*(\d+)"
-                  r"\s+sent_bytes_total:\s*(\d+)\s+received_bytes_total:\s*(\d+)"
+XCHG = re.compile(r"\[rank0\].*flexdemo step:\s*(\d+)\s+sent_bytes(?:_modelled)?:\s*(\d+)"
+                  r"\s+received_bytes(?:_modelled)?:\s*(\d+)"
+                  r"\s+sent_bytes_total(?:_modelled)?:\s*(\d+)\s+received_bytes_total(?:_modelled)?:\s*(\d+)"
                   r".*?optimizer_step_ms:\s*([\d.]+)(?:\s+exchange_ms:\s*([\d.]+))?")
 
 

@@ -20,7 +20,9 @@ CASES = {
         ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
         "parallelism.pipeline_parallel_degree=2",
     ),
-    "unknown_value": (["--flexdemo.value_encoding", "int4"], "value_encoding='int4'"),
+    # A Literal field: tyro itself names the choices.
+    "unknown_value": (["--flexdemo.value_encoding", "int4"],
+                      "invalid choice 'int4' for argument '--flexdemo.value-encoding'"),
     "cp_with_demo": (
         ["--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
         "parallelism.context_parallel_degree=2",
@@ -28,7 +30,7 @@ CASES = {
     "topk_larger_than_block": (["--flexdemo.topk", "5000"], "topk=5000 is larger than a"),
     "bare_sign_outer_values": (
         ["--flexdemo.mode", "demo_diloco", "--flexdemo.outer_value_encoding", "sign"],
-        "a bare sign would move every weight by outer_lr",
+        "invalid choice 'sign' for argument '--flexdemo.outer-value-encoding'",
     ),
     "check_between_outer_steps": (
         ["--flexdemo.mode", "diloco", "--flexdemo.sync_interval", "4"],
@@ -58,8 +60,7 @@ def test_unknown_flexdemo_key_in_toml(tmp_path, assets):
     _check_fails(run, "Invalid field names in <class 'flexdemo.titan.config.FlexDemo'> data: {'top_k'}")
 
 
-def test_bad_config_direct_torchrun_without_launcher(tmp_path, assets):
-    """The per-rank check in flexdemo.titan.run also stops a plain torchrun launch."""
+def _torchrun(*args):
     import os
     import subprocess
     import sys
@@ -67,9 +68,27 @@ def test_bad_config_direct_torchrun_without_launcher(tmp_path, assets):
     from titan_launch import REPO, free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(free_port()), "-m", "flexdemo.titan.run",
-           "--job.config_file", str(DEMO), "--flexdemo.topk", "0"]
+           "--master_port", str(free_port()), *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode != 0
-    assert "topk=0; expected an integer >= 1" in " ".join((proc.stdout + proc.stderr).replace("│", " ").split())
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_bad_config_through_torchtitans_own_entry_point(tmp_path):
+    """`torchrun -m torchtitan.train`: flexdemo.titan.register (torchtitan's custom_import)
+    checks the run's config before torchtitan sets up the process group: one line, from
+    rank 0 only, and no traceback from any rank. A value from TOML, which tyro takes as is."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text(DEMO.read_text().replace('value_encoding = "sign"', 'value_encoding = "int4"'))
+    rc, out = _torchrun("-m", "torchtitan.train", "--job.config_file", str(bad))
+    assert rc != 0
+    line = "flexdemo: [flexdemo] config error: value_encoding='int4'"
+    assert out.count(line) == 1, out[-3000:]
+    assert "raise FlexDemoConfigError" not in out and "Training starts" not in out, out[-3000:]
+
+
+def test_bad_config_direct_torchrun_without_launcher():
+    """The check in flexdemo.titan.run also stops a plain torchrun launch, with one line."""
+    rc, out = _torchrun("-m", "flexdemo.titan.run", "--job.config_file", str(DEMO), "--flexdemo.topk", "0")
+    assert rc != 0
+    assert out.count("topk=0; expected an integer >= 1") == 1, out[-3000:]

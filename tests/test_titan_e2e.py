@@ -20,6 +20,7 @@ RUN_TIMEOUT = 400
 
 def _demo_overrides():
     return (
+        "--optimizer.weight_decay", "0.05",  # DeMo does not read it: the run must say so
         "--training.steps", str(STEPS),
         "--checkpoint.enable",
         "--checkpoint.interval", str(CKPT_STEP),
@@ -116,20 +117,36 @@ def test_hsdp_adamw_baseline_runs(tmp_path, assets):
     assert _mean([losses[s] for s in (10, 11, 12)]) < _mean([losses[s] for s in (1, 2, 3)]) - 0.2, losses
     d = run.digests()
     assert d[(0, 12)] == d[(2, 12)] and d[(1, 12)] == d[(3, 12)]
-    assert "modelled ring all-reduce of HSDP/DDP" in " ".join(run.rank_lines(0))
+    log = " ".join(run.rank_lines(0))
+    assert "modelled ring all-reduce of HSDP/DDP" in log
+    # Modelled bytes never under the names of measured ones: console and TensorBoard.
+    assert "sent_bytes_modelled:" in log and run.exchange(0) == {}
+    tags, _ = _tensorboard(run)
+    assert "replica_exchange/bytes_sent_modelled" in tags and "replica_exchange/bytes_sent" not in tags
 
 
-def test_demo_tensorboard_has_exchange_metrics(demo_run):
+def _tensorboard(run):
+    """(scalar tags, accumulator) of the run's TensorBoard events."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = list((demo_run.dump / "tb").rglob("events.out.tfevents.*"))
+    events = list((run.dump / "tb").rglob("events.out.tfevents.*"))
     assert events, "no TensorBoard event file"
     acc = EventAccumulator(str(events[0].parent))
     acc.Reload()
-    tags = set(acc.Tags()["scalars"])
+    return set(acc.Tags()["scalars"]), acc
+
+
+def test_demo_warns_about_optimizer_keys_it_does_not_use(demo_run):
+    warnings = [line for line in demo_run.rank_lines(0) if "does not use" in line]
+    assert len(warnings) == 1 and "optimizer.weight_decay" in warnings[0], warnings
+
+
+def test_demo_tensorboard_has_exchange_metrics(demo_run):
+    tags, acc = _tensorboard(demo_run)
     for tag in ("replica_exchange/bytes_sent", "replica_exchange/bytes_received",
                 "replica_exchange/bytes_sent_total", "replica_exchange/exchange(s)"):
         assert tag in tags, sorted(tags)
+    assert not any(t.endswith("_modelled") for t in tags)  # these bytes are measured
     sent = [e.value for e in acc.Scalars("replica_exchange/bytes_sent")]
     assert len(sent) == STEPS and sent[0] == expected_payload_bytes(shard=0)
 

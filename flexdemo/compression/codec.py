@@ -18,12 +18,15 @@ is 52 bytes per 4096 elements (56 with scaled_sign).
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
 from flexdemo.compression.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
 from flexdemo.compression.dct import BlockLayout, blocks_dct, blocks_idct
 
-VALUE_ENCODINGS = ("fp32", "bf16", "sign", "scaled_sign")
+ValueEncoding = Literal["fp32", "bf16", "sign", "scaled_sign"]
+VALUE_ENCODINGS: tuple[str, ...] = get_args(ValueEncoding)
 SCALE_NBYTES = 4  # one fp32 scale per block (scaled_sign)
 
 

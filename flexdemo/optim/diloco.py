@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Literal, get_args
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -42,10 +42,13 @@ from flexdemo.compression.exchange import (
 )
 from flexdemo.local import local_tensor
 
-COMPRESSIONS = ("dense", "topk")
-DENSE_ENCODINGS = {"fp32": torch.float32, "bf16": torch.bfloat16}
-TOPK_ENCODINGS = ("fp32", "bf16", "scaled_sign")
-STATE_DEVICES = ("device", "cpu")
+Compression = Literal["dense", "topk"]
+DenseEncoding = Literal["fp32", "bf16"]  # the dense outer exchange's wire dtype
+TopkEncoding = Literal["fp32", "bf16", "scaled_sign"]  # values of the compressed outer exchange
+StateDevice = Literal["device", "cpu"]
+COMPRESSIONS, STATE_DEVICES = get_args(Compression), get_args(StateDevice)
+DENSE_ENCODINGS, TOPK_ENCODINGS = get_args(DenseEncoding), get_args(TopkEncoding)
+_WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DENSE_BUCKET_ELEMENTS = 1 << 26  # 256 MiB of fp32 pseudo-gradient per dense exchange
 
 
@@ -70,13 +73,13 @@ class DiLoCo:
         outer_lr: float = 0.7,
         outer_momentum: float = 0.9,
         nesterov: bool = True,
-        compression: str = "dense",
+        compression: Compression = "dense",
         value_encoding: str = "fp32",
         topk: int = 32,
         chunk: int = 64,
         decay: float = 0.9,
         replicate_group=None,
-        state_device: str = "device",
+        state_device: StateDevice = "device",
         fused: bool = True,
     ):
         _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
@@ -159,7 +162,7 @@ class DiLoCo:
 
     def _sync_dense(self) -> Traffic:
         traffic = Traffic()
-        wire = DENSE_ENCODINGS[self.value_encoding]
+        wire = _WIRE_DTYPES[self.value_encoding]
         for bucket in _dense_buckets(self.entries):
             device = local_tensor(bucket[0].param).device
             flat = torch.empty(sum(local_tensor(e.param).numel() for e in bucket), device=device)
@@ -337,7 +340,7 @@ def _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, 
         fail("nesterov needs outer_momentum > 0 (plain SGD: nesterov=False, outer_momentum=0)")
     if compression not in COMPRESSIONS:
         fail(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-    allowed = tuple(DENSE_ENCODINGS) if compression == "dense" else TOPK_ENCODINGS
+    allowed = DENSE_ENCODINGS if compression == "dense" else TOPK_ENCODINGS
     if value_encoding not in allowed:
         why = " (a bare sign would move every weight by outer_lr)" if value_encoding == "sign" else ""
         fail(f"value_encoding for compression={compression!r} must be one of {allowed}, got {value_encoding!r}{why}")

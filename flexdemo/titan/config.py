@@ -2,26 +2,33 @@
 
 Enable with ``[job] custom_config_module = "flexdemo.titan.config"``.  torchtitan
 merges this ``JobConfig`` into its own, so ``--flexdemo.topk 16`` works on the CLI
-and unknown ``[flexdemo]`` keys are rejected by torchtitan's config loader.
+and unknown ``[flexdemo]`` keys are rejected by torchtitan's config loader. Fields with
+a fixed set of choices are ``Literal`` types: ``--help`` lists them and tyro rejects a
+wrong value on the command line.
 
-Per-field checks run when the section is built; checks that need other sections
-or the world size live in ``validate_job_config`` (called before training starts).
+``validate_job_config`` checks values, also those that come from TOML (which tyro takes
+as they are), and everything that needs other sections or the world size; it runs once
+before any rank starts (scripts/launch.sh, ``flexdemo.titan.run``, or, under torchtitan's
+own entry point, when torchtitan imports ``flexdemo.titan.register``).
 """
 
 # No `from __future__ import annotations`: torchtitan's config merger needs real types.
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Literal, get_args
 
 from torchtitan.config.job_config import JobConfig as _TitanJobConfig
+from torchtitan.config.job_config import Optimizer as _TitanOptimizer
 
-from flexdemo.compression.codec import VALUE_ENCODINGS
-from flexdemo.optim.diloco import DENSE_ENCODINGS, STATE_DEVICES, TOPK_ENCODINGS
+from flexdemo.compression.codec import VALUE_ENCODINGS, ValueEncoding
+from flexdemo.optim.diloco import DENSE_ENCODINGS, STATE_DEVICES, TOPK_ENCODINGS, StateDevice, TopkEncoding
 
+Mode = Literal["demo", "off", "diloco", "demo_diloco"]
+InitSync = Literal["broadcast", "verify", "none"]
+MODES, INIT_SYNC = get_args(Mode), get_args(InitSync)
 DILOCO_MODES = ("diloco", "demo_diloco")
-MODES = ("demo", "off", *DILOCO_MODES)
 # Modes in which FSDP shards inside a replica only and flexdemo owns the replica exchange.
 SEPARATE_REPLICA_MODES = ("demo", *DILOCO_MODES)
-INIT_SYNC = ("broadcast", "verify", "none")
-OUTER_VALUE_ENCODINGS = {"diloco": tuple(DENSE_ENCODINGS), "demo_diloco": TOPK_ENCODINGS}
+OUTER_VALUE_ENCODINGS = {"diloco": DENSE_ENCODINGS, "demo_diloco": TOPK_ENCODINGS}
 
 
 class FlexDemoConfigError(ValueError):
@@ -30,7 +37,7 @@ class FlexDemoConfigError(ValueError):
 
 @dataclass
 class FlexDemo:
-    mode: str = "demo"
+    mode: Mode = "demo"
     """"demo": FSDP inside a replica + DeMo compressed exchange across replicas every step.
     "diloco": [optimizer] (AdamW) inside each replica, a dense outer step every sync_interval steps.
     "demo_diloco": as "diloco", with the outer exchange DCT/top-k compressed (outer_topk, ...).
@@ -45,8 +52,9 @@ class FlexDemo:
     decay: float = 0.999
     """Momentum decay (beta) of the DeMo momentum."""
 
-    value_encoding: str = "sign"
-    """How kept coefficient values travel: "fp32", "bf16" or "sign" (1 bit)."""
+    value_encoding: ValueEncoding = "sign"
+    """How kept coefficient values travel: "fp32", "bf16", "sign" (1 bit) or "scaled_sign"
+    (1 bit + one scale per block)."""
 
     weight_decay: float = 0.0
     """Decoupled weight decay used by DeMo (the [optimizer] weight_decay is for mode "off")."""
@@ -54,7 +62,7 @@ class FlexDemo:
     replica_check_interval: int = 0
     """Every N steps verify that all replicas hold bit-identical parameters (0 = never)."""
 
-    init_sync: str = "broadcast"
+    init_sync: InitSync = "broadcast"
     """At start: "broadcast" params from replica 0, "verify" they match, or "none"."""
 
     sync_interval: int = 100
@@ -69,7 +77,7 @@ class FlexDemo:
     outer_nesterov: bool = True
     """DiLoCo modes: Nesterov momentum in the outer SGD."""
 
-    outer_value_encoding: str = "fp32"
+    outer_value_encoding: TopkEncoding = "fp32"
     """DiLoCo modes: the outer exchange's values: "fp32" or "bf16" (diloco: the dense wire dtype;
     demo_diloco: the kept coefficients), or "scaled_sign" (demo_diloco: 1 bit + a scale per block)."""
 
@@ -82,12 +90,10 @@ class FlexDemo:
     outer_decay: float = 0.9
     """demo_diloco: decay of the outer error-feedback buffer, in [0, 1]."""
 
-    outer_state_device: str = "device"
+    outer_state_device: StateDevice = "device"
     """DiLoCo modes: where the global copy, outer momentum and error feedback live: "device"
     (12 bytes/param on the GPU) or "cpu" (pinned host memory, streamed during the outer step)."""
 
-    def __post_init__(self) -> None:
-        check_section(self)
 
 
 def _fail(msg: str) -> None:
@@ -129,7 +135,7 @@ def _check_outer(c: FlexDemo) -> None:
         _fail(f"outer_momentum={c.outer_momentum!r}; expected 0 <= outer_momentum < 1")
     if c.mode in DILOCO_MODES and c.outer_nesterov and float(c.outer_momentum) == 0.0:
         _fail("outer_nesterov=true needs outer_momentum > 0 (plain SGD: outer_nesterov=false, outer_momentum=0)")
-    allowed = OUTER_VALUE_ENCODINGS.get(c.mode, tuple(dict.fromkeys((*DENSE_ENCODINGS, *TOPK_ENCODINGS))))
+    allowed = OUTER_VALUE_ENCODINGS.get(c.mode, TOPK_ENCODINGS)
     if c.outer_value_encoding not in allowed:
         why = " (a bare sign would move every weight by outer_lr)" if c.outer_value_encoding == "sign" else ""
         _fail(f"outer_value_encoding={c.outer_value_encoding!r} with mode={c.mode!r}; expected one of {allowed}{why}")
@@ -191,6 +197,33 @@ def validate_job_config(job_config, world_size: int | None) -> None:
             f"sync_interval={c.sync_interval} in mode={c.mode!r}: replicas are identical only right "
             "after an outer step"
         )
+
+
+# [flexdemo] keys each mode reads (mode itself and the replica check: all of them).
+_DEMO_KEYS = ("topk", "chunk", "decay", "value_encoding", "weight_decay", "init_sync")
+_OUTER_KEYS = ("sync_interval", "outer_lr", "outer_momentum", "outer_nesterov", "outer_value_encoding",
+               "outer_state_device", "init_sync")
+_KEYS_USED = {
+    "demo": _DEMO_KEYS,
+    "diloco": _OUTER_KEYS,
+    "demo_diloco": (*_OUTER_KEYS, "outer_topk", "outer_chunk", "outer_decay"),
+    "off": (),
+}
+# [optimizer] keys that DeMo does not read (it takes lr, and [lr_scheduler] scales it).
+_OPTIMIZER_KEYS_UNUSED_BY_DEMO = ("name", "beta1", "beta2", "eps", "weight_decay", "implementation")
+
+
+def ignored_keys(job_config) -> list[str]:
+    """``section.key`` of every key set to a non-default value that the chosen mode does not read."""
+    c: FlexDemo = job_config.flexdemo
+    used = {"mode", "replica_check_interval", *_KEYS_USED[c.mode]}
+    out = [f"flexdemo.{f.name}" for f in fields(FlexDemo)
+           if f.name not in used and getattr(c, f.name) != f.default]
+    if c.mode == "demo":
+        defaults = _TitanOptimizer()
+        out += [f"optimizer.{k}" for k in _OPTIMIZER_KEYS_UNUSED_BY_DEMO
+                if getattr(job_config.optimizer, k) != getattr(defaults, k)]
+    return out
 
 
 @dataclass

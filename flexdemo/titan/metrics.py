@@ -27,17 +27,20 @@ class FlexMetricsProcessor(MetricsProcessor):
             extra_metrics={**(extra_metrics or {}), **stats},
         )
         if stats:
-            logger.info(format_exchange_line(step, stats, modelled="replica_exchange/exchange(s)" not in stats))
+            logger.info(format_exchange_line(step, stats))
 
 
-def format_exchange_line(step: int, s: dict[str, Any], modelled: bool) -> str:
-    """One parseable console line; byte counts are exact integers."""
+def format_exchange_line(step: int, s: dict[str, Any]) -> str:
+    """One parseable console line; byte counts are exact integers. Modelled (not measured)
+    byte counts are named ``*_bytes_modelled``."""
+    modelled = "replica_exchange/bytes_sent_modelled" in s
+    tag = "_modelled" if modelled else ""
     line = (
         f"flexdemo step: {step:2}  "
-        f"sent_bytes: {s['replica_exchange/bytes_sent']}  "
-        f"received_bytes: {s['replica_exchange/bytes_received']}  "
-        f"sent_bytes_total: {s['replica_exchange/bytes_sent_total']}  "
-        f"received_bytes_total: {s['replica_exchange/bytes_received_total']}  "
+        f"sent_bytes{tag}: {s[f'replica_exchange/bytes_sent{tag}']}  "
+        f"received_bytes{tag}: {s[f'replica_exchange/bytes_received{tag}']}  "
+        f"sent_bytes_total{tag}: {s[f'replica_exchange/bytes_sent_total{tag}']}  "
+        f"received_bytes_total{tag}: {s[f'replica_exchange/bytes_received_total{tag}']}  "
         f"optimizer_step_ms: {1e3 * s['replica_exchange/optimizer_step(s)']:.1f}"
     )
     if modelled:

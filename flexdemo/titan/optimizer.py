@@ -28,7 +28,7 @@ from torchtitan.tools.logging import logger
 from flexdemo.optim.diloco import DiLoCo
 
 from . import replicas as rep
-from .config import DILOCO_MODES, FlexDemoConfigError, flexdemo_section
+from .config import DILOCO_MODES, FlexDemoConfigError, flexdemo_section, ignored_keys
 from .grad_scaling import scale_grads_to_replica_mean
 from .parallelize import JOB_CONFIG_ATTR
 
@@ -125,12 +125,15 @@ class FlexOptimizersContainer(OptimizersContainer):
         self.bytes_received_total += received
 
     def exchange_stats(self) -> dict[str, float]:
-        """Replica-dimension traffic of this rank, for the metrics processor."""
+        """Replica-dimension traffic of this rank, for the metrics processor. Bytes that were
+        not measured (mode off: HSDP's all-reduce, modelled from the gradient size) carry
+        their own names, ``*_modelled``, never those of measured bytes."""
+        tag = "_modelled" if self.modelled_bytes_per_step is not None else ""
         stats = {
-            "replica_exchange/bytes_sent": self.last_bytes_sent,
-            "replica_exchange/bytes_received": self.last_bytes_received,
-            "replica_exchange/bytes_sent_total": self.bytes_sent_total,
-            "replica_exchange/bytes_received_total": self.bytes_received_total,
+            f"replica_exchange/bytes_sent{tag}": self.last_bytes_sent,
+            f"replica_exchange/bytes_received{tag}": self.last_bytes_received,
+            f"replica_exchange/bytes_sent_total{tag}": self.bytes_sent_total,
+            f"replica_exchange/bytes_received_total{tag}": self.bytes_received_total,
             "replica_exchange/optimizer_step(s)": self.last_step_seconds,
         }
         if self.last_exchange_seconds is not None:
@@ -234,6 +237,9 @@ def build_flexdemo_optimizers(
     job_config = _job_config(model_parts)
     cfg = flexdemo_section(job_config)
     group = _replicate_group(parallel_dims)
+    ignored = ignored_keys(job_config)
+    if ignored:
+        logger.warning(f"flexdemo: mode={cfg.mode} does not use {', '.join(ignored)} (set in the config; ignored)")
 
     if cfg.mode == "off":
         cls, kwargs = _adam_kwargs(optimizer_config, cfg.mode)

@@ -9,10 +9,12 @@ Then it runs torchtitan's stock trainer main with the stock Trainer.
 
 import os
 import sys
+import time
 
 from . import cpu_shim
 
 CONFIG_ERROR_EXIT = 2
+RANK0_GRACE_SECONDS = 3
 
 
 def check_config(argv: list[str], world_size: int | None) -> None:
@@ -38,8 +40,25 @@ def check_config_or_exit(argv: list[str], world_size: int | None) -> None:
 
 
 def _exit_config_error(msg: str) -> None:
-    print(f"flexdemo: {msg}", file=sys.stderr, flush=True)
+    if os.environ.get("RANK", "0") == "0":  # one line per job, not one per rank
+        print(f"flexdemo: {msg}", file=sys.stderr, flush=True)
+    else:
+        # torchrun stops the other ranks as soon as one exits: let rank 0 say why first.
+        time.sleep(RANK0_GRACE_SECONDS)
     sys.exit(CONFIG_ERROR_EXIT)
+
+
+def check_stock_entry_or_exit() -> None:
+    """Under torchtitan's own entry point (``torchrun -m torchtitan.train``) nothing of
+    flexdemo runs before torchtitan has set up the process group -- except the
+    ``custom_import`` module, which calls this: the run's own arguments are checked
+    there, so a bad config ends every rank with one line and exit code 2, before any
+    collective. Other entry points check for themselves (``main`` below, preflight)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is None or spec.name != "torchtitan.train":
+        return
+    world = os.environ.get("WORLD_SIZE")
+    check_config_or_exit(sys.argv[1:], int(world) if world else None)
 
 
 def main(argv: list[str] | None = None) -> None:
