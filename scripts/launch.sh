@@ -12,9 +12,11 @@
 #   LOG_RANK     local ranks whose output is shown, e.g. 0 or 0,1,2,3 (default 0)
 #   LOG_DIR      also keep every local rank's full output in files under this dir
 #                (torchrun --log-dir: LOG_DIR/<run id>/attempt_0/<local rank>/stdout.log)
-#   FLEXDEMO_ASSETS  corpus+tokenizer dir; built once here, before torchrun
-#                    (default: ~/.cache/flexdemo/...; "none" = keep the config's own
-#                    hf_assets_path, e.g. for a real HF tokenizer)
+#   FLEXDEMO_ASSETS  where flexdemo's embedded corpus+tokenizer are built, once, here,
+#                    before torchrun, when the config needs them: its [model]
+#                    hf_assets_path holds no tokenizer and it trains on flexdemo_stdlib /
+#                    flexdemo_pysource (or names no path). A config's own tokenizer is
+#                    always kept. Default: ~/.cache/flexdemo/...
 #
 # Without a GPU it runs on CPU with gloo (OMP_NUM_THREADS=1 unless set).
 set -euo pipefail
@@ -32,7 +34,8 @@ MASTER_PORT=${MASTER_PORT:-29500}
 LOG_RANK=${LOG_RANK:-0}
 
 # Pre-flight in ONE process: process count, config validation for the final world
-# size (a bad config fails here, once, before any rank starts), data assets built once.
+# size (a bad config fails here, once, before any rank starts), embedded assets built
+# once where the config needs them (then passed as --model.hf_assets_path, said in one line).
 PRE=$("$PYTHON" -m flexdemo.titan.preflight "$CONFIG" "$@")
 eval "$(grep '^FD_' <<<"$PRE")"
 NPROC=$FD_NPROC

@@ -12,6 +12,7 @@ import torch
 
 from flexdemo.data import assets, corpus, ensure_assets, load_corpus, read_manifest
 from flexdemo.data.tokenizer import BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE
+from titan_launch import write_own_tokenizer
 
 @pytest.fixture(scope="module")
 def assets_dir(tmp_path_factory):
@@ -108,6 +109,80 @@ def test_concurrent_builders_do_not_corrupt(assets_dir, tmp_path):
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]  # no stray temp files
 
 
+def _write_sources(root: Path, seed: int, count: int) -> list[str]:
+    """``count`` distinct Python-like files of 2-5 KB under ``root``; returns their texts."""
+    import random
+
+    rng = random.Random(seed)
+    texts = []
+    for i in range(count):
+        body = "".join(f"def f_{seed}_{i}_{j}(x):\n    return x * {rng.random()!r}\n\n" for j in range(rng.randint(40, 90)))
+        path = root / f"pkg{i % 7}" / f"mod_{i}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+        texts.append(body)
+    return texts
+
+
+def test_pysource_corpus_is_deduplicated_filtered_deterministic_and_split(tmp_path):
+    from flexdemo.data.pysource import MAX_CHARS, build_pysource_corpus
+
+    a, b = tmp_path / "site-a", tmp_path / "site-b"
+    texts = _write_sources(a, 1, 300)
+    (b / "copy").mkdir(parents=True)
+    (b / "copy" / "same.py").write_text(texts[0])  # the same module installed twice
+    (b / "tiny.py").write_text("x = 1\n")  # too short
+    (b / "huge.py").write_text("# " + "y" * MAX_CHARS)  # generated-table sized
+    (b / "latin1.py").write_bytes(b"# caf\xe9\n" * 400)  # not UTF-8
+    (b / "notes.txt").write_text("prose " * 1000)  # not source code
+    (b / "__pycache__").mkdir()
+    (b / "__pycache__" / "cached.py").write_text(texts[1] + "# cached\n")
+    (b / "crlf.py").write_bytes(texts[2].replace("\n", "\r\n").encode() + b"# crlf\r\n")
+
+    one = build_pysource_corpus([a, b])
+    assert one == build_pysource_corpus([b, a])  # roots and walk order do not matter
+    docs = one["train"] + one["validation"]
+    assert set(texts) <= set(docs) and texts[2] + "# crlf\n" in docs
+    assert len(docs) == len(set(docs)) == len(texts) + 1  # the copy counted once
+    assert not set(one["train"]) & set(one["validation"])
+    assert 0 < len(one["validation"]) < 0.05 * len(docs)  # about 1 in 100 held out
+
+
+@pytest.fixture(scope="module")
+def pysource_dir(tmp_path_factory):
+    return ensure_assets(tmp_path_factory.mktemp("pysource"), corpus="pysource")
+
+
+def test_pysource_assets_are_deterministic_and_report_their_size(pysource_dir, assets_dir, tmp_path):
+    manifest = read_manifest(pysource_dir)
+    assert manifest["corpus"] == "pysource"
+    # The same environment gives the same bytes.
+    again = ensure_assets(tmp_path / "again", corpus="pysource")
+    assert read_manifest(again)["sha256"] == manifest["sha256"]
+    # The stdlib corpus's tokenizer, so both corpora tokenize alike.
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert Path(pysource_dir, name).read_bytes() == Path(ensure_assets(), name).read_bytes()
+    splits = load_corpus(pysource_dir)
+    assert not set(splits["train"]) & set(splits["validation"])
+    assert manifest["num_chars"]["train"] == sum(map(len, splits["train"]))
+    # Much larger than the stdlib corpus on any machine with torch installed.
+    assert manifest["estimated_tokens"]["train"] > 20 * read_manifest(assets_dir)["estimated_tokens"]["train"]
+    assert manifest["estimated_tokens"]["validation"] > 0
+    with pytest.raises(ValueError, match="holds the 'pysource' corpus"):
+        ensure_assets(pysource_dir, corpus="stdlib")
+
+
+def test_pysource_dataset_serves_through_the_dataloader(pysource_dir):
+    from flexdemo.data.dataloader import PYSOURCE_DATASET_NAME, build_dataloader, build_tokenizer
+
+    cfg = _job_config(pysource_dir, "--training.dataset", PYSOURCE_DATASET_NAME, "--training.seq_len", "64",
+                      "--training.local_batch_size", "2")
+    tok = build_tokenizer(cfg)
+    batch = next(iter(build_dataloader(dp_world_size=2, dp_rank=1, tokenizer=tok, job_config=cfg)))
+    inputs, labels = batch
+    assert inputs["input"].shape == (2, 64) and labels.shape == (2, 64)
+
+
 # ---------------------------------------------------------------- tokenizer
 
 
@@ -140,17 +215,48 @@ def test_torchtitan_tokenizer_loads_with_bos_eos(assets_dir):
     assert tok.get_vocab_size() <= llama3_args["debugmodel"].vocab_size
 
 
-def test_build_tokenizer_builds_missing_or_partial_assets(assets_dir, tmp_path):
-    from flexdemo.data.dataloader import build_tokenizer
-
+def test_a_partial_build_is_redone(assets_dir, tmp_path):
     # A crash mid-build leaves some files but no manifest: the next call redoes it.
     partial = tmp_path / "partial"
     partial.mkdir()
     (partial / "corpus.json").write_text("garbage")
-    tok = build_tokenizer(_job_config(partial))
-    assert tok.get_vocab_size() == VOCAB_SIZE and (partial / "manifest.json").is_file()
+    ensure_assets(partial)
+    assert (partial / "manifest.json").is_file()
     for name in ("corpus.json", "tokenizer.json"):
         assert (partial / name).read_bytes() == Path(assets_dir, name).read_bytes()
+
+
+def test_a_configs_own_tokenizer_is_kept(tmp_path):
+    from flexdemo.data.dataloader import build_tokenizer, embedded_tokenizer_dir
+
+    own = write_own_tokenizer(tmp_path / "own")
+    cfg = _job_config(own)  # flexdemo_stdlib data, the user's tokenizer
+    assert embedded_tokenizer_dir(cfg) == (None, None)
+    tok = build_tokenizer(cfg)
+    assert cfg.model.hf_assets_path == str(own) and tok.get_vocab_size() != VOCAB_SIZE
+    assert not (own / "corpus.json").exists()  # nothing written into the user's directory
+
+
+@pytest.mark.parametrize("path,dataset,uses_embedded", [
+    ("missing", "flexdemo_stdlib", True),   # asks for the embedded data, names no tokenizer
+    ("", "c4", True),                       # names no tokenizer at all
+    ("missing", "c4", False),               # torchtitan's data and a path: the config's to fix
+])
+def test_embedded_tokenizer_only_where_the_config_needs_it(tmp_path, path, dataset, uses_embedded):
+    from flexdemo.data.dataloader import build_tokenizer, check_tokenizer_available, embedded_tokenizer_dir
+
+    path = str(tmp_path / path) if path else ""
+    cfg = _job_config(path, "--training.dataset", dataset)
+    assets, reason = embedded_tokenizer_dir(cfg)
+    if uses_embedded:
+        assert assets == ensure_assets() and "holds no tokenizer; using flexdemo's embedded tokenizer" in reason
+        check_tokenizer_available(cfg)
+        assert build_tokenizer(cfg).get_vocab_size() == VOCAB_SIZE and cfg.model.hf_assets_path == assets
+    else:
+        assert (assets, reason) == (None, None)
+        with pytest.raises(FileNotFoundError, match="holds no tokenizer"):
+            check_tokenizer_available(cfg)
+    assert not os.path.exists(os.path.join(path or "/nonexistent", "manifest.json"))
 
 
 # ---------------------------------------------------------------- dataset

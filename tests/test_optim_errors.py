@@ -86,3 +86,16 @@ def test_params_on_different_meshes_and_overlapping_groups_are_rejected():
         assert len(errors) == 2
         assert "different device meshes" in errors[0]
         assert "overlaps the parameters' mesh" in errors[1]
+
+
+def test_a_param_group_added_later_joins_the_payload():
+    a, b = nn.Parameter(torch.randn(64, 64)), nn.Parameter(torch.randn(128, 64))
+    opt = DeMo([a], lr=0.1, compression_topk=8)
+    before = opt.payload_bytes_per_step()
+    opt.add_param_group({"params": [b], "compression_topk": 16})
+    assert opt.payload_bytes_per_step() > before
+    for p in (a, b):
+        p.grad = torch.ones_like(p)
+    start = b.detach().clone()
+    opt.step()
+    assert opt.last_step_bytes_sent == opt.payload_bytes_per_step() and not torch.equal(b, start)

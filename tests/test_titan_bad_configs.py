@@ -28,6 +28,10 @@ CASES = {
         "parallelism.context_parallel_degree=2",
     ),
     "topk_larger_than_block": (["--flexdemo.topk", "5000"], "topk=5000 is larger than a"),
+    "dataset_without_its_tokenizer": (
+        ["--training.dataset", "c4_test", "--model.hf_assets_path", "/nonexistent/tokenizer"],
+        "[model] hf_assets_path '/nonexistent/tokenizer' holds no tokenizer",
+    ),
     "bare_sign_outer_values": (
         ["--flexdemo.mode", "demo_diloco", "--flexdemo.outer_value_encoding", "sign"],
         "invalid choice 'sign' for argument '--flexdemo.outer-value-encoding'",

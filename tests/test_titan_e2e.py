@@ -136,6 +136,13 @@ def _tensorboard(run):
     return set(acc.Tags()["scalars"]), acc
 
 
+def test_launcher_says_when_it_supplies_the_tokenizer(demo_run, assets):
+    # cpu_2x2_flexdemo.toml names no tokenizer: flexdemo's is used, and the launcher says so once.
+    said = [line for line in demo_run.output.splitlines() if "holds no tokenizer" in line]
+    assert said == [f"flexdemo: [model] hf_assets_path '' holds no tokenizer; using flexdemo's embedded "
+                    f"tokenizer from {assets}"], said
+
+
 def test_demo_warns_about_optimizer_keys_it_does_not_use(demo_run):
     warnings = [line for line in demo_run.rank_lines(0) if "does not use" in line]
     assert len(warnings) == 1 and "optimizer.weight_decay" in warnings[0], warnings

@@ -135,3 +135,16 @@ def load_dcp(path: Path) -> dict:
     out = path.parent / (path.name + ".pt")
     dcp_to_torch_save(str(path), str(out))
     return torch.load(out, weights_only=False)
+
+
+def write_own_tokenizer(path: Path, vocab_size: int = 600) -> Path:
+    """A user's own tokenizer directory (tokenizer.json + tokenizer_config.json): another
+    BPE with a much smaller vocabulary than flexdemo's (a few hundred ids: the training text is
+    tiny), so a test can tell which one ran."""
+    from flexdemo.data.tokenizer import tokenizer_files, train_tokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "class A:\n    pass\n" * 50], vocab_size)
+    for name, data in tokenizer_files(tok).items():
+        (path / name).write_bytes(data)
+    return path

@@ -71,6 +71,10 @@ class TopkCompressor:
             )
             check_replicas_agree(f"{signature}|{encoding}", len(flat), replicate_group, self.device, who)
 
+    @property
+    def uses_fused_kernels(self) -> bool:
+        return any(b.fused for b in self.buckets)
+
     # -- encode -----------------------------------------------------------------------------
 
     def select(

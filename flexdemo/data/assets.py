@@ -1,4 +1,8 @@
-"""Build-once cache of the corpus and tokenizer (the `hf_assets_path` directory).
+"""Build-once cache of a corpus and the tokenizer (the `hf_assets_path` directory).
+
+Two corpora, one tokenizer: "stdlib" (the standard library's sources, ~2 M tokens; the
+byte-level BPE is trained on it) and "pysource" (every installed package's source code,
+tens of millions of tokens; its directory carries a copy of the same tokenizer).
 
 torchrun starts many ranks that may all call ensure_assets() at once, so:
 - a file lock (fcntl) lets one process build while the others wait;
@@ -21,22 +25,33 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .corpus import CORPUS_VERSION, build_corpus
+from .pysource import PYSOURCE_VERSION, build_pysource_corpus, environment_fingerprint
 from .tokenizer import VOCAB_SIZE, tokenizer_files, train_tokenizer
 
 CORPUS_FILE = "corpus.json"
 MANIFEST_FILE = "manifest.json"
 LOCK_FILE = ".build.lock"
+CORPORA = ("stdlib", "pysource")
+# Tokens are estimated from every SAMPLE_EVERY-th document (tokenizing all of pysource
+# takes minutes on 2 cores); the estimate is within ~1% of the count.
+SAMPLE_EVERY = 50
 
 
-def default_assets_dir() -> str:
-    """$FLEXDEMO_CACHE or ~/.cache/flexdemo, one subdirectory per Python version.
+def default_assets_dir(corpus: str = "stdlib", vocab_size: int = VOCAB_SIZE) -> str:
+    """$FLEXDEMO_CACHE or ~/.cache/flexdemo, one subdirectory per corpus and source.
 
-    The stdlib differs between Python releases, so each version gets its own build.
+    The stdlib differs between Python releases, and pysource with every installed package,
+    so each gets its own build (keyed by the Python version / the environment's fingerprint).
     """
     root = os.environ.get("FLEXDEMO_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "flexdemo"
     )
-    tag = f"stdlib-v{CORPUS_VERSION}-py{platform.python_version()}-vocab{VOCAB_SIZE}"
+    if corpus == "stdlib":
+        tag = f"stdlib-v{CORPUS_VERSION}-py{platform.python_version()}-vocab{vocab_size}"
+    elif corpus == "pysource":
+        tag = f"pysource-v{PYSOURCE_VERSION}-{environment_fingerprint()}-vocab{vocab_size}"
+    else:
+        raise ValueError(f"unknown corpus {corpus!r}; expected one of {CORPORA}")
     return os.path.join(root, tag)
 
 
@@ -81,41 +96,71 @@ def _build_lock(path: Path):
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def _build(path: Path, vocab_size: int) -> None:
+def estimate_tokens(tok, splits: dict[str, list[str]]) -> dict[str, int]:
+    """Tokens per split, from the characters per token of every SAMPLE_EVERY-th document."""
+    out = {}
+    for name, docs in splits.items():
+        sample = docs[::SAMPLE_EVERY]
+        sample_tokens = sum(len(e.ids) for e in tok.encode_batch(sample))
+        out[name] = round(sum(map(len, docs)) * sample_tokens / max(1, sum(map(len, sample))))
+    return out
+
+
+def _tokenizer(corpus: str, vocab_size: int, splits: dict[str, list[str]]):
+    """(tokenizer, its files): trained on the stdlib corpus, which pysource shares."""
+    from tokenizers import Tokenizer
+
+    if corpus == "stdlib":
+        tok = train_tokenizer(splits["train"], vocab_size=vocab_size)
+        return tok, tokenizer_files(tok)
+    stdlib = Path(ensure_assets(None, vocab_size, "stdlib"))
+    files = {name: (stdlib / name).read_bytes() for name in tokenizer_files(Tokenizer.from_str(
+        (stdlib / "tokenizer.json").read_text(encoding="utf-8")))}
+    return Tokenizer.from_str(files["tokenizer.json"].decode("utf-8")), files
+
+
+def _build(path: Path, vocab_size: int, corpus: str) -> None:
     start = time.perf_counter()
-    corpus = build_corpus()
+    version = CORPUS_VERSION if corpus == "stdlib" else PYSOURCE_VERSION
+    splits = build_corpus() if corpus == "stdlib" else build_pysource_corpus()
     corpus_bytes = json.dumps(
-        {"version": CORPUS_VERSION, **corpus}, ensure_ascii=False, separators=(",", ":")
+        {"version": version, "corpus": corpus, **splits}, ensure_ascii=False, separators=(",", ":")
     ).encode("utf-8")
-    tok = train_tokenizer(corpus["train"], vocab_size=vocab_size)
-    files = {CORPUS_FILE: corpus_bytes, **tokenizer_files(tok)}
+    tok, tok_files = _tokenizer(corpus, vocab_size, splits)
+    files = {CORPUS_FILE: corpus_bytes, **tok_files}
     for name, data in files.items():
         _write_atomic(path / name, data)
     manifest = {
-        "corpus_version": CORPUS_VERSION,
+        "corpus": corpus,
+        "corpus_version": version,
         "python_version": platform.python_version(),
         "vocab_size": tok.get_vocab_size(),
-        "num_documents": {k: len(v) for k, v in corpus.items()},
-        "num_chars": {k: sum(map(len, v)) for k, v in corpus.items()},
+        "num_documents": {k: len(v) for k, v in splits.items()},
+        "num_chars": {k: sum(map(len, v)) for k, v in splits.items()},
+        "estimated_tokens": estimate_tokens(tok, splits),
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
         "build_seconds": round(time.perf_counter() - start, 2),
     }
     _write_atomic(path / MANIFEST_FILE, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
 
 
-def ensure_assets(dir: str | os.PathLike | None = None, vocab_size: int = VOCAB_SIZE) -> str:
-    """Build corpus + tokenizer into `dir` (default: default_assets_dir()) unless present.
+def ensure_assets(dir: str | os.PathLike | None = None, vocab_size: int = VOCAB_SIZE, corpus: str = "stdlib") -> str:
+    """Build ``corpus`` + tokenizer into `dir` (default: default_assets_dir(corpus)) unless present.
 
     Returns the directory, ready for `[model] hf_assets_path` and as the dataset
     path. Safe to call from many processes at once.
     """
-    path = Path(dir if dir is not None else default_assets_dir()).expanduser().absolute()
+    if corpus not in CORPORA:
+        raise ValueError(f"unknown corpus {corpus!r}; expected one of {CORPORA}")
+    path = Path(dir if dir is not None else default_assets_dir(corpus, vocab_size)).expanduser().absolute()
     if not is_complete(path):
         path.mkdir(parents=True, exist_ok=True)
         with _build_lock(path):
             if not is_complete(path):  # another process may have built it meanwhile
-                _build(path, vocab_size)
-    built = read_manifest(path)["vocab_size"]
-    if built != vocab_size:
-        raise ValueError(f"{path} holds a tokenizer with vocab {built}, asked for {vocab_size}")
+                _build(path, vocab_size, corpus)
+    manifest = read_manifest(path)
+    if manifest.get("corpus", "stdlib") != corpus:
+        raise ValueError(f"{path} holds the {manifest['corpus']!r} corpus, asked for {corpus!r}")
+    if manifest["vocab_size"] != vocab_size:
+        raise ValueError(f"{path} holds a tokenizer with vocab {manifest['vocab_size']}, asked for {vocab_size}")
     return str(path)

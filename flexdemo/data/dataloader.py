@@ -1,10 +1,11 @@
-"""torchtitan 0.2.2 builders for the offline stdlib corpus.
+"""torchtitan 0.2.2 builders for flexdemo's offline corpora.
 
 `build_dataloader` has the TrainSpec.build_dataloader_fn signature. For
-`[training] dataset = "flexdemo_stdlib"` it serves our corpus; any other name
-goes to torchtitan's own build_text_dataloader, so c4 etc. keep working.
-`build_tokenizer` is a TrainSpec.build_tokenizer_fn that builds the assets
-first when `[model] hf_assets_path` is empty or not built yet.
+`[training] dataset = "flexdemo_stdlib"` or `"flexdemo_pysource"` it serves our corpus;
+any other name goes to torchtitan's own build_text_dataloader, so c4 etc. keep working.
+`build_tokenizer` is a TrainSpec.build_tokenizer_fn: torchtitan's HF tokenizer from the
+config's `[model] hf_assets_path`; only where that holds no tokenizer and the config asks
+for an embedded dataset (or names no path) does it use flexdemo's, saying so in one line.
 """
 
 from __future__ import annotations
@@ -30,11 +31,20 @@ from .assets import MANIFEST_FILE, ensure_assets, load_corpus, read_manifest
 
 DATASET_NAME = "flexdemo_stdlib"
 VALIDATION_DATASET_NAME = "flexdemo_stdlib_validation"
-_SPLITS = {DATASET_NAME: "train", VALIDATION_DATASET_NAME: "validation"}
+PYSOURCE_DATASET_NAME = "flexdemo_pysource"
+PYSOURCE_VALIDATION_DATASET_NAME = "flexdemo_pysource_validation"
+# dataset name -> (corpus, split)
+_SPLITS = {
+    DATASET_NAME: ("stdlib", "train"),
+    VALIDATION_DATASET_NAME: ("stdlib", "validation"),
+    PYSOURCE_DATASET_NAME: ("pysource", "train"),
+    PYSOURCE_VALIDATION_DATASET_NAME: ("pysource", "validation"),
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
-# Assets dir chosen by the last build_dataloader call; torchtitan's validator
+# Assets dir per corpus chosen by the last build_dataloader call; torchtitan's validator
 # builds its loader later with no path of ours, and should read the same corpus.
-_last_assets_dir: str | None = None
+_last_assets_dir: dict[str, str] = {}
 
 
 def _doc_order(num_docs: int, seed: int, epoch: int) -> list[int]:
@@ -113,15 +123,58 @@ class StdlibTextDataset(IterableDataset, Stateful):
         self._token_buffer = list(state_dict["token_buffer"])
 
 
-def resolve_assets_dir(job_config: JobConfig) -> str:
-    """Where the corpus lives: training.dataset_path, else hf_assets_path if it is
-    one of our asset dirs, else the default cache (built on first use)."""
+def resolve_assets_dir(job_config: JobConfig, corpus: str) -> str:
+    """Where the corpus lives: training.dataset_path, else hf_assets_path if it holds this
+    corpus, else the default cache (built on first use)."""
     if job_config.training.dataset_path:
-        return ensure_assets(job_config.training.dataset_path)
+        return ensure_assets(job_config.training.dataset_path, corpus=corpus)
     hf_dir = job_config.model.hf_assets_path
     if hf_dir and os.path.isfile(os.path.join(hf_dir, MANIFEST_FILE)):
-        return os.path.abspath(hf_dir)
-    return ensure_assets()
+        if read_manifest(hf_dir).get("corpus", "stdlib") == corpus:
+            return os.path.abspath(hf_dir)
+    return ensure_assets(corpus=corpus)
+
+
+def has_tokenizer(path: str) -> bool:
+    return bool(path) and any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
+
+
+def embedded_corpus(job_config: JobConfig) -> str | None:
+    """The flexdemo corpus the config trains (or validates) on, or None for other datasets."""
+    names = [job_config.training.dataset]
+    if job_config.validation.enable:
+        names.append(job_config.validation.dataset)
+    for name in names:
+        if name and name.lower() in _SPLITS:
+            return _SPLITS[name.lower()][0]
+    return None
+
+
+def embedded_tokenizer_dir(job_config: JobConfig, build_dir: str | None = None) -> tuple[str | None, str | None]:
+    """Where the tokenizer comes from when the config's own cannot serve:
+    ``(flexdemo assets dir to use as hf_assets_path, the one line that says so)``, or
+    ``(None, None)``: the config's hf_assets_path stays as it is. flexdemo's tokenizer is
+    used only where that path holds none and the config asks for an embedded dataset or
+    names no path at all; a config's own tokenizer is never replaced."""
+    path = job_config.model.hf_assets_path
+    corpus = embedded_corpus(job_config)
+    if has_tokenizer(path) or (corpus is None and path):
+        return None, None
+    assets = ensure_assets(build_dir, corpus=corpus or "stdlib")
+    return assets, (
+        f"flexdemo: [model] hf_assets_path {path!r} holds no tokenizer; using flexdemo's embedded "
+        f"tokenizer from {assets}"
+    )
+
+
+def check_tokenizer_available(job_config: JobConfig) -> None:
+    """A dataset of torchtitan's own needs the config's tokenizer: say so before any rank starts."""
+    path = job_config.model.hf_assets_path
+    if path and embedded_corpus(job_config) is None and not has_tokenizer(path):
+        raise FileNotFoundError(
+            f"[model] hf_assets_path {path!r} holds no tokenizer ({' / '.join(TOKENIZER_FILES)}), "
+            f"which dataset {job_config.training.dataset!r} needs"
+        )
 
 
 def _check_same_data_on_all_ranks(assets_dir: str, tokenizer: BaseTokenizer) -> None:
@@ -148,7 +201,6 @@ def build_dataloader(
     infinite: bool = True,
 ) -> ParallelAwareDataloader:
     """TrainSpec.build_dataloader_fn: our corpus for flexdemo_stdlib*, torchtitan's otherwise."""
-    global _last_assets_dir
     name = job_config.training.dataset.lower()
     if name not in _SPLITS:
         return tt_text.build_text_dataloader(
@@ -158,11 +210,14 @@ def build_dataloader(
             job_config=job_config,
             infinite=infinite,
         )
-    assets_dir = resolve_assets_dir(job_config)
-    _last_assets_dir = assets_dir
+    corpus, split = _SPLITS[name]
+    assets_dir = resolve_assets_dir(job_config, corpus)
+    _last_assets_dir[corpus] = assets_dir
     _check_same_data_on_all_ranks(assets_dir, tokenizer)
-    documents = load_corpus(assets_dir)[_SPLITS[name]]
-    logger.info(f"{name}: {len(documents)} documents from {assets_dir}, dp {dp_rank}/{dp_world_size}")
+    documents = load_corpus(assets_dir)[split]
+    tokens = read_manifest(assets_dir).get("estimated_tokens", {}).get(split)
+    size = f", ~{tokens / 1e6:.1f} M tokens" if tokens else ""
+    logger.info(f"{name}: {len(documents)} documents{size} from {assets_dir}, dp {dp_rank}/{dp_world_size}")
     dataset = StdlibTextDataset(
         documents,
         tokenizer,
@@ -181,26 +236,28 @@ def build_dataloader(
 
 
 def build_tokenizer(job_config: JobConfig) -> BaseTokenizer:
-    """TrainSpec.build_tokenizer_fn: torchtitan's HF tokenizer, assets built on demand.
+    """TrainSpec.build_tokenizer_fn: torchtitan's HF tokenizer from ``hf_assets_path``, or
+    flexdemo's where :func:`embedded_tokenizer_dir` says so (logged in one line)."""
+    assets, reason = embedded_tokenizer_dir(job_config)
+    if assets is not None:
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            logger.warning(reason)
+        job_config.model.hf_assets_path = assets
+    tokenizer = build_hf_tokenizer(job_config)
+    logger.info(f"tokenizer: {job_config.model.hf_assets_path} ({tokenizer.get_vocab_size()} ids)")
+    return tokenizer
 
-    An empty hf_assets_path means the default cache dir (and is rewritten to it);
-    a path without tokenizer.json gets our assets built there (ranks wait on a lock).
-    """
-    path = job_config.model.hf_assets_path
-    if not path:
-        job_config.model.hf_assets_path = ensure_assets()
-    elif not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        ensure_assets(path)
-    return build_hf_tokenizer(job_config)
 
-
-def _hf_loader(split: str):
+def _hf_loader(corpus: str, split: str):
     """Loader for torchtitan's DATASETS registry (used by its validator)."""
 
     def load(path: str):
         from datasets import Dataset  # torchtitan's dependency; imported lazily
 
-        assets_dir = ensure_assets(path) if path else (_last_assets_dir or ensure_assets())
+        if path:
+            assets_dir = ensure_assets(path, corpus=corpus)
+        else:
+            assets_dir = _last_assets_dir.get(corpus) or ensure_assets(corpus=corpus)
         return Dataset.from_dict({"text": load_corpus(assets_dir)[split]})
 
     return load
@@ -209,10 +266,10 @@ def _hf_loader(split: str):
 def register_torchtitan_datasets() -> None:
     """Add our splits to torchtitan's dataset registry, so `[validation] dataset =
     "flexdemo_stdlib_validation"` works with torchtitan's own validator. Idempotent."""
-    for name, split in _SPLITS.items():
+    for name, (corpus, split) in _SPLITS.items():
         tt_text.DATASETS.setdefault(
             name,
-            DatasetConfig(path="", loader=_hf_loader(split), sample_processor=lambda s: s["text"]),
+            DatasetConfig(path="", loader=_hf_loader(corpus, split), sample_processor=lambda s: s["text"]),
         )
 
 

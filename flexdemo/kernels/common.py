@@ -32,6 +32,16 @@ MAX_BLOCK = 64  # one 64x64 fp32 block is 32 registers per thread at 4 warps; la
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def triton_cache_dir() -> str:
+    """Where Triton keeps compiled kernels between runs (its knob, else its documented default)."""
+    try:
+        from triton import knobs
+
+        return str(knobs.cache.dir)
+    except Exception:  # older Triton: no knobs
+        return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+
+
 def pow2_at_least(n: int, floor: int = 16) -> int:
     # tl.arange needs powers of two and tl.dot needs every dim >= 16.
     p = floor

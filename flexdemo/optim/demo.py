@@ -62,7 +62,7 @@ class DeMo(torch.optim.Optimizer):
         self.replicate_group = replicate_group
         self.replica_world_size = group_size(replicate_group)
         check_replicate_group(self._trainable(), replicate_group, who="DeMo")
-        self._compressor = self._build_compressor()
+        self.compressor = self._build_compressor()
 
     def _trainable(self):
         return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
@@ -92,8 +92,8 @@ class DeMo(torch.optim.Optimizer):
 
     def add_param_group(self, param_group) -> None:
         super().add_param_group(param_group)
-        if getattr(self, "_compressor", None) is not None:  # the base class adds the first groups
-            self._compressor = self._build_compressor()
+        if getattr(self, "compressor", None) is not None:  # the base class adds the first groups
+            self.compressor = self._build_compressor()
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -102,7 +102,7 @@ class DeMo(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
 
-        comp = self._compressor
+        comp = self.compressor
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad:
@@ -128,21 +128,21 @@ class DeMo(torch.optim.Optimizer):
     @property
     def last_step_bytes_sent(self) -> int:
         """This rank's payload bytes in the last step."""
-        return self._compressor.last_traffic.sent
+        return self.compressor.last_traffic.sent
 
     @property
     def last_step_bytes_received(self) -> int:
         """Other replicas' payload bytes this rank received in the last step (``(replicas - 1) x``)."""
-        return self._compressor.last_traffic.received
+        return self.compressor.last_traffic.received
 
     @property
     def last_step_exchange_seconds(self) -> float:
         """Wall time of the last step's all_gather (on CUDA: between stream events, read lazily)."""
-        return self._compressor.last_exchange_seconds
+        return self.compressor.last_exchange_seconds
 
     def payload_bytes_per_step(self) -> int:
         """Bytes this rank contributes to each step's exchange (the codec's formula)."""
-        return self._compressor.nbytes
+        return self.compressor.nbytes
 
 
 def _check_hparams(lr, decay, topk, chunk, weight_decay) -> None:

@@ -83,6 +83,10 @@ class FlexOptimizersContainer(OptimizersContainer):
         self.last_bytes_received = 0
         self.last_exchange_seconds: float | None = None
         self.last_step_seconds = 0.0
+        compressors = [getattr(o, "compressor", None) for o in self.optimizers]
+        compressors.append(outer.compressor if outer is not None else None)
+        self.uses_fused_kernels = any(c is not None and c.uses_fused_kernels for c in compressors)
+        self._fused_step_seconds: list[float] = []
 
     def step(self, *args, **kwargs) -> None:
         start = time.perf_counter()
@@ -93,6 +97,8 @@ class FlexOptimizersContainer(OptimizersContainer):
         self.last_step_seconds = time.perf_counter() - start
         self.step_count += 1
         self._account_exchange()
+        if self.uses_fused_kernels and self.last_bytes_sent and len(self._fused_step_seconds) < 2:
+            self._report_kernel_compilation()
         if synced:
             logger.info(
                 f"flexdemo: outer step {self.outer.outer_steps} after step {self.step_count} "
@@ -107,6 +113,24 @@ class FlexOptimizersContainer(OptimizersContainer):
             and self.step_count % self.replica_check_interval == 0
         ):
             rep.verify_identical(self.model_parts, self.replicate_group, self.step_count)
+
+    def _report_kernel_compilation(self) -> None:
+        """The first exchange step compiles the fused Triton kernels (seconds); say so, and,
+        at the next one, how long the compilation took. Triton keeps them on disk for later runs."""
+        from flexdemo.kernels import triton_cache_dir
+
+        self._fused_step_seconds.append(self.last_step_seconds)
+        if len(self._fused_step_seconds) == 1:
+            logger.info(
+                f"flexdemo: the first exchange step took {self.last_step_seconds:.1f} s: it compiles the fused "
+                f"Triton kernels (cached in {triton_cache_dir()} for later runs on this machine)"
+            )
+        else:
+            first, second = self._fused_step_seconds
+            logger.info(
+                f"flexdemo: compiling the fused Triton kernels took about {max(first - second, 0.0):.1f} s "
+                f"(first exchange step {first:.1f} s, the next {second:.2f} s)"
+            )
 
     def _account_exchange(self) -> None:
         if self.modelled_bytes_per_step is not None:

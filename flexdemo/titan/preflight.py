@@ -4,8 +4,10 @@ Run once per node by scripts/launch.sh before torchrun, so a bad config fails in
 process with one message instead of in every rank:
   1. pick the process count (NPROC env, else #GPUs, else 4 CPU processes),
   2. validate the config for the final world size (NNODES x NPROC),
-  3. build the data assets once (FLEXDEMO_ASSETS dir; "none" = skip).
-Prints ``FD_NGPU=..``, ``FD_NPROC=..``, ``FD_ASSETS=..`` lines for the shell.
+  3. where the config's ``[model] hf_assets_path`` holds no tokenizer and it asks for an
+     embedded dataset (or names no path), build flexdemo's assets once (into $FLEXDEMO_ASSETS
+     or the default cache) and say so in one line; a config's own tokenizer is kept.
+Prints ``FD_NGPU=..``, ``FD_NPROC=..``, ``FD_ASSETS=..`` (empty: keep the config's) for the shell.
 """
 
 import os
@@ -30,15 +32,14 @@ def main(argv: list[str] | None = None) -> None:
 
     from .run import check_config_or_exit
 
-    check_config_or_exit(["--job.config_file", config, *overrides], world)
+    job_config = check_config_or_exit(["--job.config_file", config, *overrides], world)
 
-    assets = os.environ.get("FLEXDEMO_ASSETS", "")
-    if assets != "none":
-        from flexdemo.data import ensure_assets
+    from flexdemo.data.dataloader import embedded_tokenizer_dir
 
-        assets = ensure_assets(assets or None)
-    else:
-        assets = ""
+    assets, reason = embedded_tokenizer_dir(job_config, os.environ.get("FLEXDEMO_ASSETS") or None)
+    if reason:
+        print(reason, file=sys.stderr, flush=True)
+    assets = assets or ""
     print(f"FD_NGPU={ngpu}")
     print(f"FD_NPROC={nproc}")
     print(f"FD_ASSETS={shlex.quote(str(assets))}")

@@ -17,22 +17,27 @@ CONFIG_ERROR_EXIT = 2
 RANK0_GRACE_SECONDS = 3
 
 
-def check_config(argv: list[str], world_size: int | None) -> None:
-    """Parse like torchtitan does and run flexdemo's checks; raises on a bad config."""
+def check_config(argv: list[str], world_size: int | None):
+    """Parse like torchtitan does and run flexdemo's checks; raises on a bad config.
+    Returns the parsed config."""
     from torchtitan.config import ConfigManager
+
+    from flexdemo.data.dataloader import check_tokenizer_available
 
     from .config import validate_job_config
 
     job_config = ConfigManager().parse_args(argv)
     if hasattr(job_config, "flexdemo"):
         validate_job_config(job_config, world_size)
+    check_tokenizer_available(job_config)
+    return job_config
 
 
-def check_config_or_exit(argv: list[str], world_size: int | None) -> None:
+def check_config_or_exit(argv: list[str], world_size: int | None):
     from .config import FlexDemoConfigError
 
     try:
-        check_config(argv, world_size)
+        return check_config(argv, world_size)
     except FlexDemoConfigError as e:
         _exit_config_error(str(e))
     except (ValueError, FileNotFoundError) as e:  # torchtitan's own config errors
