@@ -31,6 +31,16 @@ SEPARATE_REPLICA_MODES = ("demo", *DILOCO_MODES)
 OUTER_VALUE_ENCODINGS = {"diloco": DENSE_ENCODINGS, "demo_diloco": TOPK_ENCODINGS}
 
 
+# Set on the job config by flexdemo.titan.trainer.FlexTrainer before torchtitan builds
+# anything: each replica's loss is normalised by its own tokens, so the optimizer builder
+# must not rescale gradients and the metrics processor rescales the logged average loss.
+REPLICA_LOCAL_LOSS_ATTR = "_flexdemo_replica_local_loss"
+
+
+def replica_local_loss(job_config) -> bool:
+    return bool(getattr(job_config, REPLICA_LOCAL_LOSS_ATTR, False))
+
+
 class FlexDemoConfigError(ValueError):
     """A bad flexdemo/torchtitan configuration, detected before training."""
 

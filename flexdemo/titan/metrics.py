@@ -10,8 +10,16 @@ from typing import Any
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 
+from .config import replica_local_loss
+
 
 class FlexMetricsProcessor(MetricsProcessor):
+    def __init__(self, job_config, parallel_dims, tag=None):
+        super().__init__(job_config, parallel_dims, tag)
+        # FlexTrainer normalises each replica's loss by the replica's own tokens, so the sum
+        # torchtitan logs as the average is replicas x the global mean loss.
+        self._loss_scale = 1.0 / parallel_dims.dp_replicate if replica_local_loss(job_config) else 1.0
+
     def log(
         self,
         step: int,
@@ -23,7 +31,7 @@ class FlexMetricsProcessor(MetricsProcessor):
         stats_fn = getattr(self.optimizers, "exchange_stats", None)
         stats = stats_fn() if stats_fn is not None else {}
         super().log(
-            step, global_avg_loss, global_max_loss, grad_norm,
+            step, global_avg_loss * self._loss_scale, global_max_loss, grad_norm,
             extra_metrics={**(extra_metrics or {}), **stats},
         )
         if stats:

@@ -31,6 +31,7 @@ from . import replicas as rep
 from .config import DILOCO_MODES, FlexDemoConfigError, flexdemo_section, ignored_keys
 from .grad_scaling import scale_grads_to_replica_mean
 from .parallelize import JOB_CONFIG_ATTR
+from .config import replica_local_loss
 
 # Extra key in the (flattened) optimizer state dict: [step, bytes_sent_total, bytes_received_total].
 COUNTERS_KEY = "flexdemo.exchange_counters"
@@ -281,7 +282,7 @@ def build_flexdemo_optimizers(
 
     # Every other mode keeps replicas apart: they must start identical, and see replica-mean gradients.
     _start_replicas_identical(model_parts, group, cfg.init_sync)
-    scale_grads_to_replica_mean(model_parts, parallel_dims.dp_replicate)
+    scale_grads_to_replica_mean(model_parts, parallel_dims.dp_replicate, replica_local_loss(job_config))
 
     if cfg.mode in DILOCO_MODES:
         steps = job_config.training.steps

@@ -4,7 +4,8 @@ Same CLI as ``python -m torchtitan.train``.  Before torchtitan starts it
 1. applies the CPU shim when there is no GPU (and only then),
 2. parses and validates the config, so a bad config exits non-zero with one
    clear message before any process group or model exists.
-Then it runs torchtitan's stock trainer main with the stock Trainer.
+Then it runs torchtitan's stock trainer main with flexdemo's FlexTrainer (torchtitan's
+Trainer, whose per-step token count stays inside a replica: flexdemo/titan/trainer.py).
 """
 
 import os
@@ -73,10 +74,12 @@ def main(argv: list[str] | None = None) -> None:
     world = os.environ.get("WORLD_SIZE")
     check_config_or_exit(argv, int(world) if world else None)
 
-    from torchtitan.train import main as titan_main, Trainer
+    from torchtitan.train import main as titan_main
+
+    from .trainer import FlexTrainer
 
     sys.argv = [sys.argv[0], *argv]
-    titan_main(Trainer)
+    titan_main(FlexTrainer)
 
 
 if __name__ == "__main__":
