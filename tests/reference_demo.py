@@ -70,6 +70,9 @@ class ReferenceDeMo:
             val = torch.gather(coeffs, -1, idx)
             if self.encoding == "bf16":
                 val = val.to(torch.bfloat16).to(p.dtype)
+            elif self.encoding == "scaled_sign":  # every kept value becomes +-(mean |kept|) of its block
+                magnitude = val.abs().sum(-1, keepdim=True) / k
+                val = torch.where(val < 0, -magnitude, magnitude)
             own = torch.zeros_like(coeffs).scatter(-1, idx, val)
             delta.sub_(self._decode(own, p.shape, ns, inv))
             if self.encoding == "sign":
