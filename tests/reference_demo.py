@@ -56,7 +56,8 @@ class ReferenceDeMo:
         return y.reshape(shape)
 
     @torch.no_grad()
-    def step(self):
+    def step(self, apply: bool = True):
+        """One DeMo step; ``apply=False`` leaves the parameters to the caller (``last_decoded``)."""
         world = dist.get_world_size(self.group)
         self.last_decoded = []
         for p, delta in zip(self.params, self.delta):
@@ -86,4 +87,19 @@ class ReferenceDeMo:
             )
             decoded = self._decode(dense, p.shape, ns, inv)
             self.last_decoded.append(decoded)
-            p.sub_(self.lr * decoded.sign())
+            if apply:
+                p.sub_(self.lr * decoded.sign())
+
+
+def differs_only_where_update_is_zero(ours, ref, decoded) -> bool:
+    """Where ours and the reference's parameters differ, was the reference's decoded update ~0?
+
+    The decoded aggregate is often exactly zero in exact arithmetic (opposite votes,
+    symmetric cosines); each implementation then takes the sign of its own rounding noise.
+    Those elements, and only those, may differ.
+    """
+    for a, b, dec in zip(ours, ref, decoded):
+        differs = a != b
+        if differs.any() and dec[differs].abs().max() > 1e-5 * dec.abs().max():
+            return False
+    return True

@@ -5,22 +5,8 @@ import torch
 
 from flexdemo import DeMo
 from multiproc import run_ranks
-from reference_demo import ReferenceDeMo
+from reference_demo import ReferenceDeMo, differs_only_where_update_is_zero
 from toy_problem import INPUT_NUMEL, SHAPES, all_ranks_equal, loss, make_params
-
-
-def _near_zero_only(ours, ref, reference):
-    """Where ours and the reference differ, was the reference's decoded update ~0?
-
-    With sign values the decoded aggregate is often exactly zero in exact arithmetic
-    (opposite votes, symmetric cosines); each implementation then takes the sign of its
-    own rounding noise. Those elements, and only those, may differ.
-    """
-    for a, b, dec in zip(ours, ref, reference.last_decoded):
-        differs = a != b
-        if differs.any() and dec[differs].abs().max() > 1e-5 * dec.abs().max():
-            return False
-    return True
 
 
 def _against_reference(rank, world, encoding, steps, weight_decay):
@@ -44,7 +30,7 @@ def _against_reference(rank, world, encoding, steps, weight_decay):
         momentum_errors.append(max(
             float((opt.state[a]["delta"] - d).abs().max() / d.abs().max()) for a, d in zip(ours, reference.delta)))
         if encoding in ("sign", "scaled_sign"):
-            if not _near_zero_only(ours, ref, reference):
+            if not differs_only_where_update_is_zero(ours, ref, reference.last_decoded):
                 mismatched_steps.append(step)
             with torch.no_grad():  # re-align the parameters where a ~0 update took the other sign
                 for a, b in zip(ours, ref):

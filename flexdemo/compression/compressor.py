@@ -18,6 +18,8 @@ Fused Triton kernels (:mod:`flexdemo.kernels`) take a bucket when all its tensor
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from flexdemo.compression.codec import check_encoding, compress, decode_mean, pack_payload, unpack_payload
@@ -32,6 +34,22 @@ from flexdemo.kernels import (
     fused_unpack_payload,
 )
 from flexdemo.local import local_tensor
+
+
+class StartedExchange:
+    """An all_gather in flight. ``result()`` waits for it (once) and returns the gathered
+    ``[replicas, nbytes]``; ``waited_seconds`` is how long the caller was held up (host time)."""
+
+    def __init__(self, gathered: torch.Tensor, work):
+        self.gathered, self._work, self.waited_seconds = gathered, work, 0.0
+
+    def result(self) -> torch.Tensor:
+        if self._work is not None:
+            start = time.perf_counter()
+            self._work.wait()
+            self.waited_seconds = time.perf_counter() - start
+            self._work = None
+        return self.gathered
 
 
 class TopkCompressor:
@@ -118,15 +136,26 @@ class TopkCompressor:
 
     # -- exchange ---------------------------------------------------------------------------
 
-    def exchange(self, payloads: list[torch.Tensor]) -> torch.Tensor:
-        """ONE all_gather of every bucket's payload: ``[replicas, nbytes]`` bytes on every rank."""
+    def _concat(self, payloads: list[torch.Tensor]) -> torch.Tensor:
         mine = torch.cat(payloads) if payloads else torch.empty(0, dtype=torch.uint8, device=self.device)
         if mine.numel() != self.nbytes:
             raise RuntimeError(f"payload of {mine.numel()} bytes, the plan says {self.nbytes}")
+        return mine
+
+    def exchange(self, payloads: list[torch.Tensor]) -> torch.Tensor:
+        """ONE all_gather of every bucket's payload: ``[replicas, nbytes]`` bytes on every rank."""
+        mine = self._concat(payloads)
         timer = ExchangeTimer(mine.device)
-        gathered, self.last_traffic = gather_payloads(mine, self.group)
+        gathered, self.last_traffic, _ = gather_payloads(mine, self.group)
         self._timer = timer.stop()
         return gathered
+
+    def start_exchange(self, payloads: list[torch.Tensor]) -> "StartedExchange":
+        """The same all_gather, started and not waited for: it runs while the caller computes
+        (on CUDA, on NCCL's stream). ``StartedExchange.result()`` waits and returns the bytes."""
+        mine = self._concat(payloads)
+        gathered, self.last_traffic, work = gather_payloads(mine, self.group, async_op=True)
+        return StartedExchange(gathered, work)
 
     @property
     def last_exchange_seconds(self) -> float:

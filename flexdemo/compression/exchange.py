@@ -41,14 +41,16 @@ def group_size(group) -> int:
     return dist.get_world_size(group) if distributed() else 1
 
 
-def gather_payloads(mine: torch.Tensor, group) -> tuple[torch.Tensor, Traffic]:
-    """ONE all_gather of this rank's uint8 payload: ``[replicas, nbytes]`` on every rank."""
+def gather_payloads(mine: torch.Tensor, group, async_op: bool = False):
+    """ONE all_gather of this rank's uint8 payload: ``([replicas, nbytes] on every rank,
+    traffic, work)``; with ``async_op`` the bytes are there once ``work.wait()`` returns
+    (``work`` is None when nothing had to be sent)."""
     world, total = group_size(group), mine.numel()
     if world == 1 or total == 0:
-        return mine.unsqueeze(0), Traffic(total, 0)
+        return mine.unsqueeze(0), Traffic(total, 0), None
     gathered = torch.empty(world * total, dtype=torch.uint8, device=mine.device)
-    all_gather_flat(gathered, mine, group=group)
-    return gathered.view(world, total), Traffic(total, (world - 1) * total)
+    work = all_gather_flat(gathered, mine, group=group, async_op=async_op)
+    return gathered.view(world, total), Traffic(total, (world - 1) * total), work
 
 
 def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype) -> tuple[torch.Tensor, Traffic]:

@@ -12,6 +12,11 @@ parameter: ``p -= lr * sign(IDCT(mean over selecting replicas))``.
 
 Every replica decodes the same gathered bytes with deterministic ops in the same order,
 so replicas that start identical stay bit-identical.
+
+With ``overlap=True`` the all_gather of step t is started and not waited for; its update is
+applied at the start of step t+1 (before that step's weight decay), so the exchange runs while
+the next forward/backward computes: the gradient of step t+1 does not yet see update t (one
+step of delay, as production ports of DeMo do).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from flexdemo.compression.codec import check_encoding
-from flexdemo.compression.compressor import TopkCompressor
+from flexdemo.compression.compressor import StartedExchange, TopkCompressor
 from flexdemo.compression.exchange import check_replicate_group, group_size
 from flexdemo.local import local_tensor as _local
 
@@ -38,11 +43,18 @@ class DeMo(torch.optim.Optimizer):
         replicate_group: dist.ProcessGroup | None = None,
         value_encoding: str = "sign",
         fused: bool = True,
+        overlap: bool = False,
     ):
         _check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
         check_encoding(value_encoding)
         if not isinstance(fused, bool):
             raise ValueError(f"DeMo: fused must be True or False, got {fused!r}")
+        if not isinstance(overlap, bool):
+            raise ValueError(f"DeMo: overlap must be True or False, got {overlap!r}")
+        self.overlap = overlap
+        self._pending: StartedExchange | None = None  # overlap: the last step's exchange
+        self._pending_lrs: list[float] = []
+        self._waited_seconds = 0.0
         # Fused Triton kernels where they apply (CUDA, fp32, >= 2-D, blocks <= 64x64).
         self.fused = fused
         defaults = dict(
@@ -103,13 +115,11 @@ class DeMo(torch.optim.Optimizer):
                 loss = closure()
 
         comp = self.compressor
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    self._delta(p)  # creates the state, also for empty shards
-                    if group["weight_decay"] != 0.0:
-                        _local(p).mul_(1.0 - group["lr"] * group["weight_decay"])
-        # Empty local shards have no payload but their (empty) momentum still exists.
+        # overlap: the update exchanged last step comes first, before this step's weight decay.
+        self._waited_seconds = 0.0
+        if self._pending is not None:
+            self.finish_pending()
+        self._decay_weights_and_create_state()
 
         payloads = []
         for b in comp.buckets:
@@ -118,12 +128,55 @@ class DeMo(torch.optim.Optimizer):
             # A missing grad counts as zero: every replica must pack the same layout.
             grads = [None if m.param.grad is None else _local(m.param.grad) for m in b.members]
             payloads.append(comp.encode(b, deltas, grads, scale=group["lr"], decay=group["compression_decay"]))
-        gathered = comp.exchange(payloads)
+        lrs = [g["lr"] for g in self.param_groups]
+        if self.overlap:
+            self._pending, self._pending_lrs = comp.start_exchange(payloads), lrs
+        else:
+            self._apply(comp.exchange(payloads), lrs)
+        return loss
+
+    def _apply(self, gathered: torch.Tensor, lrs: list[float]) -> None:
+        """``p -= lr * sign(IDCT(mean over selecting replicas))`` from every replica's bytes."""
+        comp = self.compressor
         for b in comp.buckets:
             idx, vals = comp.unpack(b, gathered)
-            targets = [_local(m.param) for m in b.members]
-            comp.decode_sign_update(b, idx, vals, targets, self.param_groups[b.group_index]["lr"])
-        return loss
+            comp.decode_sign_update(b, idx, vals, [_local(m.param) for m in b.members], lrs[b.group_index])
+
+    @torch.no_grad()
+    def finish_pending(self) -> None:
+        """overlap: wait for the exchange in flight and apply its update now."""
+        if self._pending is not None:
+            gathered = self._pending.result()
+            self._waited_seconds = self._pending.waited_seconds
+            self._apply(gathered, self._pending_lrs)
+            self._pending = None
+
+    def pending_state(self) -> dict[str, torch.Tensor]:
+        """overlap: the exchange in flight (waited for), to checkpoint with fixed shapes:
+        ``pending`` (0/1), every replica's ``bytes``, and the ``lrs`` (one per param group)
+        its update is applied with."""
+        groups = len(self.param_groups)
+        size = self.replica_world_size * self.compressor.nbytes
+        if self._pending is None:
+            return {"pending": torch.zeros(1, dtype=torch.int64), "bytes": torch.zeros(size, dtype=torch.uint8),
+                    "lrs": torch.zeros(groups, dtype=torch.float64)}
+        return {"pending": torch.ones(1, dtype=torch.int64), "bytes": self._pending.result().reshape(-1).cpu(),
+                "lrs": torch.tensor(self._pending_lrs, dtype=torch.float64)}
+
+    def load_pending_state(self, state: dict[str, torch.Tensor]) -> None:
+        if not int(state["pending"].item()):
+            self._pending = None
+            return
+        gathered = state["bytes"].to(self.compressor.device).view(self.replica_world_size, self.compressor.nbytes)
+        self._pending, self._pending_lrs = StartedExchange(gathered, None), state["lrs"].tolist()
+
+    def _decay_weights_and_create_state(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._delta(p)  # creates the state, also for empty shards (no payload)
+                    if group["weight_decay"] != 0.0:
+                        _local(p).mul_(1.0 - group["lr"] * group["weight_decay"])
 
     @property
     def last_step_bytes_sent(self) -> int:
@@ -137,7 +190,10 @@ class DeMo(torch.optim.Optimizer):
 
     @property
     def last_step_exchange_seconds(self) -> float:
-        """Wall time of the last step's all_gather (on CUDA: between stream events, read lazily)."""
+        """Wall time of the last step's all_gather (on CUDA: between stream events, read lazily);
+        with overlap, how long the step waited for the exchange started the step before."""
+        if self.overlap:
+            return self._waited_seconds
         return self.compressor.last_exchange_seconds
 
     def payload_bytes_per_step(self) -> int:

@@ -69,6 +69,10 @@ class FlexDemo:
     weight_decay: float = 0.0
     """Decoupled weight decay used by DeMo (the [optimizer] weight_decay is for mode "off")."""
 
+    overlap: bool = False
+    """demo: apply each step's exchanged update one step later, so the exchange runs while the
+    next forward/backward computes (the gradient then lags the update by one step)."""
+
     replica_check_interval: int = 0
     """Every N steps verify that all replicas hold bit-identical parameters (0 = never)."""
 
@@ -210,7 +214,7 @@ def validate_job_config(job_config, world_size: int | None) -> None:
 
 
 # [flexdemo] keys each mode reads (mode itself and the replica check: all of them).
-_DEMO_KEYS = ("topk", "chunk", "decay", "value_encoding", "weight_decay", "init_sync")
+_DEMO_KEYS = ("topk", "chunk", "decay", "value_encoding", "weight_decay", "overlap", "init_sync")
 _OUTER_KEYS = ("sync_interval", "outer_lr", "outer_momentum", "outer_nesterov", "outer_value_encoding",
                "outer_state_device", "init_sync")
 _KEYS_USED = {

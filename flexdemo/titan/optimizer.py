@@ -41,6 +41,8 @@ COUNTERS_KEY = "flexdemo.exchange_counters"
 STATE_PREFIX = "state."
 # The DiLoCo outer state: shared by all replicas, and per replica.
 OUTER_PREFIX = "flexdemo.diloco."
+# DeMo with overlap: the exchange in flight, per rank.
+PENDING_PREFIX = "flexdemo.pending_exchange."
 
 
 def _replica_state_prefix(replica: int) -> str:
@@ -63,9 +65,11 @@ class FlexOptimizersContainer(OptimizersContainer):
         modelled_bytes_per_step: int | None,
         per_replica_state: bool,
         outer: DiLoCo | None = None,
+        last_step: int | None = None,
     ) -> None:
         super().__init__(model_parts, optimizer_cls, optimizer_kwargs)
         self.outer = outer
+        self.last_step = last_step
         self.replicate_group = replicate_group
         self.replica_check_interval = replica_check_interval
         # Mode "off": HSDP all-reduce bytes are modelled (FSDP does the comms, not us).
@@ -94,6 +98,9 @@ class FlexOptimizersContainer(OptimizersContainer):
         if self.outer is not None:
             self.outer.before_inner_step()
         super().step(*args, **kwargs)
+        if self.last_step is not None and self.step_count + 1 == self.last_step:
+            for opt in self._overlapped():
+                opt.finish_pending()  # the run's last update is not left in flight
         synced = self.outer.after_inner_step() if self.outer is not None else False
         self.last_step_seconds = time.perf_counter() - start
         self.step_count += 1
@@ -114,6 +121,9 @@ class FlexOptimizersContainer(OptimizersContainer):
             and self.step_count % self.replica_check_interval == 0
         ):
             rep.verify_identical(self.model_parts, self.replicate_group, self.step_count)
+
+    def _overlapped(self):
+        return [o for o in self.optimizers if getattr(o, "overlap", False)]
 
     def _report_kernel_compilation(self) -> None:
         """The first exchange step compiles the fused Triton kernels (seconds); say so, and,
@@ -175,6 +185,10 @@ class FlexOptimizersContainer(OptimizersContainer):
         )
         if self.outer is not None:
             sd.update(self.outer.state_dict(OUTER_PREFIX, self._outer_replica_prefix()))
+        for i, opt in enumerate(self._overlapped()):
+            # The exchange in flight: every replica's bytes, as this rank gathered them.
+            for name, value in opt.pending_state().items():
+                sd[f"{PENDING_PREFIX}{i}.rank{dist.get_rank()}.{name}"] = value
         return sd
 
     def _outer_replica_prefix(self) -> str:
@@ -183,6 +197,10 @@ class FlexOptimizersContainer(OptimizersContainer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         counters = state_dict.pop(self.counters_key, None)
+        for i, opt in enumerate(self._overlapped()):
+            prefix = f"{PENDING_PREFIX}{i}.rank{dist.get_rank()}."
+            opt.load_pending_state({k[len(prefix):]: state_dict.pop(k) for k in list(state_dict)
+                                    if k.startswith(prefix)})
         if self.outer is not None:
             prefixes = (OUTER_PREFIX, self._outer_replica_prefix())
             outer_sd = {k: state_dict.pop(k) for k in list(state_dict) if k.startswith(prefixes)}
@@ -304,10 +322,11 @@ def build_flexdemo_optimizers(
         "weight_decay": cfg.weight_decay,
         "replicate_group": group,
         "value_encoding": cfg.value_encoding,
+        "overlap": cfg.overlap,
     }
     logger.info(
         f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
-        f"values={cfg.value_encoding}) over dp_replicate={parallel_dims.dp_replicate}"
+        f"values={cfg.value_encoding}, overlap={cfg.overlap}) over dp_replicate={parallel_dims.dp_replicate}"
     )
     return FlexOptimizersContainer(
         model_parts, DeMo, kwargs,
@@ -315,6 +334,7 @@ def build_flexdemo_optimizers(
         replica_check_interval=cfg.replica_check_interval,
         modelled_bytes_per_step=None,
         per_replica_state=True,
+        last_step=job_config.training.steps,
     )
 
 
