@@ -27,6 +27,8 @@ def _params():
         (dict(compression_decay=-0.1), r"compression_decay must be in \[0, 1\)"),
         (dict(weight_decay=-1.0), "weight_decay must be >= 0"),
         (dict(value_encoding="int4"), "unknown value_encoding 'int4'"),
+        (dict(kernel_precision="tf32"), "kernel_precision must be one of"),
+        (dict(overlap=1), "overlap must be True or False"),
     ],
 )
 def test_bad_hyperparameters(kwargs, match):

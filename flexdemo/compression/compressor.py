@@ -35,6 +35,8 @@ from flexdemo.kernels import (
 )
 from flexdemo.local import local_tensor
 
+KERNEL_PRECISIONS = ("ieee", "tf32x3")
+
 
 class StartedExchange:
     """An all_gather in flight. ``result()`` waits for it (once) and returns the gathered
@@ -66,9 +68,15 @@ class TopkCompressor:
         replicate_group,
         *,
         fused: bool = True,
+        kernel_precision: str = "ieee",
         who: str = "compression",
     ):
         check_encoding(encoding)
+        if kernel_precision not in KERNEL_PRECISIONS:
+            raise ValueError(f"{who}: kernel_precision must be one of {KERNEL_PRECISIONS}, got {kernel_precision!r}")
+        # tl.dot precision of the fused kernels' DCTs: "ieee" fp32 (matches the torch path to
+        # ~1e-6), or "tf32x3" (three TF32 tensor-core products, faster, close to fp32).
+        self.kernel_precision = kernel_precision
         self.encoding = encoding
         self.group = replicate_group
         entries = [[(t, tuple(local_tensor(t).shape), t.dtype) for t in ts] for ts in groups]
@@ -113,7 +121,8 @@ class TopkCompressor:
         incs = incs if incs is not None else [None] * len(accs)
         layouts = [m.layout for m in chosen]
         if bucket.fused:
-            return fused_encode_many(accs, incs, scale, decay, layouts, bucket.k, self.encoding)
+            return fused_encode_many(accs, incs, scale, decay, layouts, bucket.k, self.encoding,
+                                     precision=self.kernel_precision)
         idx_parts, val_parts = [], []
         for acc, inc, layout in zip(accs, incs, layouts):
             if decay != 1.0:
@@ -175,7 +184,7 @@ class TopkCompressor:
         """``target -= lr * sign(IDCT(mean over selecting replicas))`` for every member of ``bucket``."""
         layouts = [m.layout for m in bucket.members]
         if bucket.fused:
-            fused_mean_decode_update_many(targets, idx, vals, lr, layouts)
+            fused_mean_decode_update_many(targets, idx, vals, lr, layouts, precision=self.kernel_precision)
             return
         for m, t in zip(bucket.members, targets):
             rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
@@ -186,7 +195,8 @@ class TopkCompressor:
         m = bucket.members[member]
         rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
         if bucket.fused:
-            fused_mean_decode_many([out], idx[:, rows].contiguous(), vals[:, rows].contiguous(), [m.layout])
+            fused_mean_decode_many([out], idx[:, rows].contiguous(), vals[:, rows].contiguous(), [m.layout],
+                                   precision=self.kernel_precision)
         else:
             out.copy_(decode_mean(idx[:, rows], vals[:, rows], m.layout))
         return out

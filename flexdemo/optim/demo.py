@@ -44,6 +44,7 @@ class DeMo(torch.optim.Optimizer):
         value_encoding: str = "sign",
         fused: bool = True,
         overlap: bool = False,
+        kernel_precision: str = "ieee",
     ):
         _check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
         check_encoding(value_encoding)
@@ -52,6 +53,7 @@ class DeMo(torch.optim.Optimizer):
         if not isinstance(overlap, bool):
             raise ValueError(f"DeMo: overlap must be True or False, got {overlap!r}")
         self.overlap = overlap
+        self.kernel_precision = kernel_precision
         self._pending: StartedExchange | None = None  # overlap: the last step's exchange
         self._pending_lrs: list[float] = []
         self._waited_seconds = 0.0
@@ -88,6 +90,7 @@ class DeMo(torch.optim.Optimizer):
             self.value_encoding,
             self.replicate_group,
             fused=self.fused,
+            kernel_precision=self.kernel_precision,
             who="DeMo",
         )
 
