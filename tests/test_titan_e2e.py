@@ -167,6 +167,9 @@ def test_qwen3_family_demo_runs(tmp_path, assets):
                  "--flexdemo.replica_check_interval", "3", assets=assets, timeout=RUN_TIMEOUT, nproc=2)
     assert run.returncode == 0, run.output[-6000:]
     assert sorted(run.losses(0)) == [1, 2, 3]
+    # The logged loss is the global mean, the same on both replicas, and that of a fresh model
+    # at step 1 (about ln(vocab)), also with one shard per replica.
+    assert run.losses(0) == run.losses(1) and run.losses(0)[1] > 6.0, (run.losses(0), run.losses(1))
     d = run.digests(ranks=range(2))
     assert d[(0, 3)] == d[(1, 3)]
     assert run.exchange(0)[3][0] > 0

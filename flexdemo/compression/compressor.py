@@ -19,6 +19,7 @@ Fused Triton kernels (:mod:`flexdemo.kernels`) take a bucket when all its tensor
 from __future__ import annotations
 
 import time
+from typing import Literal, get_args
 
 import torch
 
@@ -35,7 +36,8 @@ from flexdemo.kernels import (
 )
 from flexdemo.local import local_tensor
 
-KERNEL_PRECISIONS = ("ieee", "tf32x3")
+KernelPrecision = Literal["ieee", "tf32x3"]
+KERNEL_PRECISIONS: tuple[str, ...] = get_args(KernelPrecision)
 
 
 class StartedExchange:

@@ -81,6 +81,7 @@ class DiLoCo:
         replicate_group=None,
         state_device: StateDevice = "device",
         fused: bool = True,
+        kernel_precision: str = "ieee",
     ):
         _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
                     topk, chunk, decay, state_device)
@@ -102,7 +103,7 @@ class DiLoCo:
         params = [e.param for e in self.entries]
         if compression == "topk":
             self.compressor = TopkCompressor([params], [chunk], [topk], value_encoding, replicate_group,
-                                             fused=fused, who="DiLoCo")
+                                             fused=fused, kernel_precision=kernel_precision, who="DiLoCo")
             self._member_entry = {id(e.param): e for e in self.entries}
         else:
             self.compressor = None

@@ -323,6 +323,7 @@ def build_flexdemo_optimizers(
         "replicate_group": group,
         "value_encoding": cfg.value_encoding,
         "overlap": cfg.overlap,
+        "kernel_precision": cfg.kernel_precision,
     }
     logger.info(
         f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
@@ -365,6 +366,7 @@ def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cf
         decay=cfg.outer_decay,
         replicate_group=group,
         state_device=cfg.outer_state_device,
+        kernel_precision=cfg.kernel_precision,
     )
     cls, kwargs = _adam_kwargs(optimizer_config, cfg.mode)
     compression = (

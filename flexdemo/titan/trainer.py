@@ -30,6 +30,11 @@ class _ReplicaLocalBatch(ParallelDims):
     def dp_enabled(self) -> bool:
         return self.dp_shard * self.cp > 1
 
+    @property
+    def dp_cp_enabled(self) -> bool:
+        # The logged loss stays global: torchtitan sums it over all data-parallel ranks.
+        return self.dp_replicate * self.dp_shard * self.cp > 1
+
     def get_mesh(self, dims):
         if dims == "batch":
             return super().get_mesh("fsdp")
