@@ -28,13 +28,15 @@ from torchtitan.tools.logging import logger
 from flexdemo.optim.diloco import DiLoCo
 
 from . import replicas as rep
-from .config import DILOCO_MODES, FlexDemoConfigError, flexdemo_section, ignored_keys
+from .checkpoint_format import Resume, format_key, format_tag, plan_resume
+from .config import DILOCO_MODES, FlexDemoConfigError, flexdemo_section, ignored_keys, replica_local_loss
 from .grad_scaling import scale_grads_to_replica_mean
 from .parallelize import JOB_CONFIG_ATTR
-from .config import replica_local_loss
 
-# Extra key in the (flattened) optimizer state dict: [step, bytes_sent_total, bytes_received_total].
-COUNTERS_KEY = "flexdemo.exchange_counters"
+# Extra keys in the (flattened) optimizer state dict: the step count (the same on every rank)
+# and, per rank, [bytes_sent_total, bytes_received_total].
+STEP_KEY = "flexdemo.step"
+BYTES_KEY = "flexdemo.exchange_bytes"
 # DeMo's momentum (and the inner AdamW state of the DiLoCo modes) differs between replicas
 # (own gradients), but its DTensors live on the shard mesh only, so DCP would see equal
 # "global" tensors on every replica and keep just one. Per-replica keys keep every replica's.
@@ -64,12 +66,17 @@ class FlexOptimizersContainer(OptimizersContainer):
         replica_check_interval: int,
         modelled_bytes_per_step: int | None,
         per_replica_state: bool,
+        format_key: str,
+        resume: Resume | None = None,
         outer: DiLoCo | None = None,
         last_step: int | None = None,
     ) -> None:
         super().__init__(model_parts, optimizer_cls, optimizer_kwargs)
         self.outer = outer
         self.last_step = last_step
+        self.format_key = format_key
+        self.resume = resume  # until the checkpoint is loaded: how its keys map onto this run
+        self._resume_renames: dict[str, str] = {}
         self.replicate_group = replicate_group
         self.replica_check_interval = replica_check_interval
         # Mode "off": HSDP all-reduce bytes are modelled (FSDP does the comms, not us).
@@ -79,8 +86,9 @@ class FlexOptimizersContainer(OptimizersContainer):
             if per_replica_state and replicate_group is not None
             else None
         )
-        # Byte totals differ per rank in mode "demo" (uneven shards): keep one copy per rank.
-        self.counters_key = COUNTERS_KEY + (f".rank{dist.get_rank()}" if self.replica_prefix else "")
+        self.replica = dist.get_rank(replicate_group) if replicate_group is not None else 0
+        # Byte totals differ per rank (uneven shards): one copy per rank.
+        self.bytes_key = f"{BYTES_KEY}.rank{dist.get_rank() if dist.is_initialized() else 0}"
         self.step_count = 0
         self.bytes_sent_total = 0
         self.bytes_received_total = 0
@@ -175,28 +183,50 @@ class FlexOptimizersContainer(OptimizersContainer):
             stats["replica_exchange/exchange(s)"] = self.last_exchange_seconds
         return stats
 
-    # -- checkpointing: torchtitan's flattened optimizer state + our counters --------
+    # -- checkpointing: torchtitan's flattened optimizer state + flexdemo's -------------
     def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
         if self.replica_prefix:
             sd = {_swap_prefix(k, STATE_PREFIX, self.replica_prefix): v for k, v in sd.items()}
-        sd[self.counters_key] = torch.tensor(
-            [self.step_count, self.bytes_sent_total, self.bytes_received_total], dtype=torch.int64
-        )
+        sd[self.format_key] = torch.zeros(1, dtype=torch.int64)  # its name is what counts
+        sd[STEP_KEY] = torch.tensor([self.step_count], dtype=torch.int64)
+        sd[self.bytes_key] = torch.tensor([self.bytes_sent_total, self.bytes_received_total], dtype=torch.int64)
         if self.outer is not None:
             sd.update(self.outer.state_dict(OUTER_PREFIX, self._outer_replica_prefix()))
         for i, opt in enumerate(self._overlapped()):
             # The exchange in flight: every replica's bytes, as this rank gathered them.
             for name, value in opt.pending_state().items():
                 sd[f"{PENDING_PREFIX}{i}.rank{dist.get_rank()}.{name}"] = value
-        return sd
+        return sd if self.resume is None else self._as_saved(sd)
+
+    def _as_saved(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """The keys to load: this replica's own state from saved replica ``r mod R_saved``, the
+        saved format key; byte counters only where this rank's exist (same world size)."""
+        resume, out, self._resume_renames = self.resume, {}, {}
+        same_world = resume.replicas * resume.shards == self.world_size()
+        for key, value in sd.items():
+            saved = resume.format_key if key == self.format_key else resume.map_key(key, self.replica)
+            if key == self.bytes_key and not (same_world and saved in resume.keys):
+                continue  # the counters of another topology: this run's start from zero
+            out[saved] = value
+            self._resume_renames[saved] = key
+        return out
+
+    def world_size(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else 1
 
     def _outer_replica_prefix(self) -> str:
-        return _replica_outer_prefix(dist.get_rank(self.replicate_group))
+        return _replica_outer_prefix(self.replica)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.resume is not None:
+            state_dict = {self._resume_renames.get(k, k): v for k, v in state_dict.items()}
+            self._log_resume()
+            self.resume = None
         state_dict = dict(state_dict)
-        counters = state_dict.pop(self.counters_key, None)
+        state_dict.pop(self.format_key, None)
+        step = state_dict.pop(STEP_KEY, None)
+        counted = state_dict.pop(self.bytes_key, None)
         for i, opt in enumerate(self._overlapped()):
             prefix = f"{PENDING_PREFIX}{i}.rank{dist.get_rank()}."
             opt.load_pending_state({k[len(prefix):]: state_dict.pop(k) for k in list(state_dict)
@@ -210,10 +240,23 @@ class FlexOptimizersContainer(OptimizersContainer):
         if self.replica_prefix:
             state_dict = {_swap_prefix(k, self.replica_prefix, STATE_PREFIX): v for k, v in state_dict.items()}
         super().load_state_dict(state_dict)
-        if counters is not None:
-            self.step_count, self.bytes_sent_total, self.bytes_received_total = (
-                int(x) for x in counters.tolist()
-            )
+        if step is not None:
+            self.step_count = int(step.item())
+        if counted is not None:
+            self.bytes_sent_total, self.bytes_received_total = (int(x) for x in counted.tolist())
+
+    def _log_resume(self) -> None:
+        r = self.resume
+        replicas = dist.get_world_size(self.replicate_group) if self.replicate_group is not None else 1
+        shards = self.world_size() // replicas
+        if (r.replicas, r.shards) == (replicas, shards):
+            return
+        logger.warning(
+            f"flexdemo: resuming {r.path} (written by {r.replicas} replicas x {r.shards} shards) on {replicas} x "
+            f"{shards}: replica {self.replica} takes saved replica {r.source_replica(self.replica)}'s own state, "
+            "sharded tensors are resharded"
+            + ("" if r.replicas * r.shards == self.world_size() else ", byte counters restart from zero")
+        )
 
 
 def _swap_prefix(key: str, old: str, new: str) -> str:
@@ -280,6 +323,11 @@ def build_flexdemo_optimizers(
     job_config = _job_config(model_parts)
     cfg = flexdemo_section(job_config)
     group = _replicate_group(parallel_dims)
+    replicas, shards = parallel_dims.dp_replicate, parallel_dims.dp_shard * parallel_dims.cp
+    checkpoint = {
+        "format_key": format_key(format_tag(cfg), replicas, shards),
+        "resume": plan_resume(job_config, cfg, replicas, shards, FlexDemoConfigError),
+    }
     ignored = ignored_keys(job_config)
     if ignored:
         logger.warning(f"flexdemo: mode={cfg.mode} does not use {', '.join(ignored)} (set in the config; ignored)")
@@ -296,6 +344,7 @@ def build_flexdemo_optimizers(
             replica_check_interval=cfg.replica_check_interval,
             modelled_bytes_per_step=modelled,
             per_replica_state=False,  # HSDP keeps AdamW state identical across replicas
+            **checkpoint,
         )
 
     # Every other mode keeps replicas apart: they must start identical, and see replica-mean gradients.
@@ -310,7 +359,7 @@ def build_flexdemo_optimizers(
                 f"the last {steps % cfg.sync_interval} steps end without an outer step, and the model "
                 "saved last is each replica's own local one"
             )
-        return _build_diloco(model_parts, optimizer_config, parallel_dims, cfg, group)
+        return _build_diloco(model_parts, optimizer_config, parallel_dims, cfg, group, checkpoint)
 
     from flexdemo.optim import DeMo
 
@@ -336,6 +385,7 @@ def build_flexdemo_optimizers(
         modelled_bytes_per_step=None,
         per_replica_state=True,
         last_step=job_config.training.steps,
+        **checkpoint,
     )
 
 
@@ -349,7 +399,8 @@ def _start_replicas_identical(model_parts, group, init_sync: str) -> None:
         rep.verify_identical(model_parts, group, step=0)
 
 
-def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cfg, group) -> FlexOptimizersContainer:
+def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cfg, group,
+                  checkpoint: dict) -> FlexOptimizersContainer:
     if len(model_parts) != 1:  # validation rejects pipeline parallelism in these modes
         raise FlexDemoConfigError(f"mode={cfg.mode!r} needs one model part, got {len(model_parts)}")
     topk = cfg.mode == "demo_diloco"
@@ -386,4 +437,5 @@ def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cf
         modelled_bytes_per_step=None,
         per_replica_state=True,  # each replica's AdamW state is its own
         outer=outer,
+        **checkpoint,
     )

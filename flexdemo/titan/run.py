@@ -30,6 +30,14 @@ def check_config(argv: list[str], world_size: int | None):
     job_config = ConfigManager().parse_args(argv)
     if hasattr(job_config, "flexdemo"):
         validate_job_config(job_config, world_size)
+        if world_size is not None:  # the checkpoint it resumes must fit its settings
+            from .checkpoint_format import plan_resume
+            from .config import FlexDemoConfigError
+
+            p = job_config.parallelism
+            replicas = p.data_parallel_replicate_degree
+            shards = world_size // (replicas * p.tensor_parallel_degree * p.pipeline_parallel_degree)
+            plan_resume(job_config, job_config.flexdemo, replicas, shards, FlexDemoConfigError)
     check_tokenizer_available(job_config)
     return job_config
 
