@@ -24,7 +24,14 @@ from typing import Literal, get_args
 import torch
 
 from flexdemo.compression.codec import check_encoding, compress, decode_mean, pack_payload, unpack_payload
-from flexdemo.compression.exchange import ExchangeTimer, Traffic, check_replicas_agree, distributed, gather_payloads
+from flexdemo.compression.exchange import (
+    ExchangeTimer,
+    Traffic,
+    check_replicas_agree,
+    distributed,
+    gather_payloads,
+    wait_for,
+)
 from flexdemo.compression.plan import Bucket, build_plan
 from flexdemo.kernels import (
     fused_encode_many,
@@ -41,16 +48,18 @@ KERNEL_PRECISIONS: tuple[str, ...] = get_args(KernelPrecision)
 
 
 class StartedExchange:
-    """An all_gather in flight. ``result()`` waits for it (once) and returns the gathered
-    ``[replicas, nbytes]``; ``waited_seconds`` is how long the caller was held up (host time)."""
+    """An all_gather in flight. ``result()`` waits for it (once, at most ``timeout`` s) and
+    returns the gathered ``[replicas, nbytes]``; ``waited_seconds`` is how long the caller was
+    held up (host time)."""
 
-    def __init__(self, gathered: torch.Tensor, work):
+    def __init__(self, gathered: torch.Tensor, work, group=None, timeout: float | None = None):
         self.gathered, self._work, self.waited_seconds = gathered, work, 0.0
+        self._group, self._timeout = group, timeout
 
     def result(self) -> torch.Tensor:
         if self._work is not None:
             start = time.perf_counter()
-            self._work.wait()
+            wait_for(self._work, self._group, self._timeout, "the compressed exchange")
             self.waited_seconds = time.perf_counter() - start
             self._work = None
         return self.gathered
@@ -71,6 +80,7 @@ class TopkCompressor:
         *,
         fused: bool = True,
         kernel_precision: str = "ieee",
+        timeout: float | None = None,
         who: str = "compression",
     ):
         check_encoding(encoding)
@@ -79,6 +89,7 @@ class TopkCompressor:
         # tl.dot precision of the fused kernels' DCTs: "ieee" fp32 (matches the torch path to
         # ~1e-6), or "tf32x3" (three TF32 tensor-core products, faster, close to fp32).
         self.kernel_precision = kernel_precision
+        self.timeout = timeout  # seconds an exchange may take (None: the process group's timeout)
         self.encoding = encoding
         self.group = replicate_group
         entries = [[(t, tuple(local_tensor(t).shape), t.dtype) for t in ts] for ts in groups]
@@ -157,7 +168,7 @@ class TopkCompressor:
         """ONE all_gather of every bucket's payload: ``[replicas, nbytes]`` bytes on every rank."""
         mine = self._concat(payloads)
         timer = ExchangeTimer(mine.device)
-        gathered, self.last_traffic, _ = gather_payloads(mine, self.group)
+        gathered, self.last_traffic, _ = gather_payloads(mine, self.group, timeout=self.timeout)
         self._timer = timer.stop()
         return gathered
 
@@ -166,7 +177,7 @@ class TopkCompressor:
         (on CUDA, on NCCL's stream). ``StartedExchange.result()`` waits and returns the bytes."""
         mine = self._concat(payloads)
         gathered, self.last_traffic, work = gather_payloads(mine, self.group, async_op=True)
-        return StartedExchange(gathered, work)
+        return StartedExchange(gathered, work, self.group, self.timeout)
 
     @property
     def last_exchange_seconds(self) -> float:

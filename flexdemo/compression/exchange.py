@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,30 @@ class Traffic:
         return Traffic(self.sent + other.sent, self.received + other.received)
 
 
+class ReplicaExchangeTimeout(RuntimeError):
+    """A collective over the replica group did not complete in time: a peer across the slow
+    link is stalled or gone."""
+
+
+def wait_for(work, group, timeout: float | None, what: str) -> None:
+    """Wait for ``work`` (None: nothing to wait for) at most ``timeout`` seconds (None: the
+    process group's own timeout); a failure is reported naming the replica group."""
+    if work is None:
+        return
+    try:
+        if timeout:
+            work.wait(timedelta(seconds=timeout))
+        else:
+            work.wait()
+    except Exception as e:  # gloo and NCCL raise different types on a timeout or a lost peer
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        limit = f"{timeout:g} s" if timeout else "the process group's timeout"
+        raise ReplicaExchangeTimeout(
+            f"{what} over the replica group (ranks {ranks}) did not complete within {limit}: a peer on the "
+            f"replica link is stalled or gone ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from e
+
+
 def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -41,19 +66,23 @@ def group_size(group) -> int:
     return dist.get_world_size(group) if distributed() else 1
 
 
-def gather_payloads(mine: torch.Tensor, group, async_op: bool = False):
+def gather_payloads(mine: torch.Tensor, group, async_op: bool = False, timeout: float | None = None):
     """ONE all_gather of this rank's uint8 payload: ``([replicas, nbytes] on every rank,
-    traffic, work)``; with ``async_op`` the bytes are there once ``work.wait()`` returns
-    (``work`` is None when nothing had to be sent)."""
+    traffic, work)``. Waited for (at most ``timeout`` s) unless ``async_op``: then the bytes are
+    there once ``wait_for(work, ...)`` returns (``work`` is None when nothing had to be sent)."""
     world, total = group_size(group), mine.numel()
     if world == 1 or total == 0:
         return mine.unsqueeze(0), Traffic(total, 0), None
     gathered = torch.empty(world * total, dtype=torch.uint8, device=mine.device)
-    work = all_gather_flat(gathered, mine, group=group, async_op=async_op)
+    work = all_gather_flat(gathered, mine, group=group, async_op=True)
+    if not async_op:
+        wait_for(work, group, timeout, "the compressed exchange")
+        work = None
     return gathered.view(world, total), Traffic(total, (world - 1) * total), work
 
 
-def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype) -> tuple[torch.Tensor, Traffic]:
+def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype,
+                 timeout: float | None = None) -> tuple[torch.Tensor, Traffic]:
     """Mean over the replica group of a flat fp32 tensor, with ``wire_dtype`` on the wire.
 
     The bytes of a ring all-reduce in two collectives: an all_to_all hands chunk ``r`` of
@@ -69,14 +98,15 @@ def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype) -> tuple[to
     send = torch.zeros(world * chunk, dtype=wire_dtype, device=flat.device)
     send[:n].copy_(flat)
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
+    wait_for(dist.all_to_all_single(recv, send, group=group, async_op=True), group, timeout, "the dense exchange")
     parts = recv.view(world, chunk)
     mine = torch.zeros(chunk, dtype=torch.float32, device=flat.device)
     for w in range(world):
         mine += parts[w]
     mine /= world
     gathered = torch.empty_like(send)
-    all_gather_flat(gathered, mine.to(wire_dtype), group=group)
+    wait_for(all_gather_flat(gathered, mine.to(wire_dtype), group=group, async_op=True), group, timeout,
+             "the dense exchange")
     elem = send.element_size()
     share = (world - 1) * chunk * elem
     # all_to_all: the other replicas' chunks leave and arrive; all_gather: own mean leaves, others arrive.

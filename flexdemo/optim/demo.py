@@ -45,6 +45,7 @@ class DeMo(torch.optim.Optimizer):
         fused: bool = True,
         overlap: bool = False,
         kernel_precision: str = "ieee",
+        exchange_timeout: float | None = None,
     ):
         _check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
         check_encoding(value_encoding)
@@ -54,6 +55,7 @@ class DeMo(torch.optim.Optimizer):
             raise ValueError(f"DeMo: overlap must be True or False, got {overlap!r}")
         self.overlap = overlap
         self.kernel_precision = kernel_precision
+        self.exchange_timeout = exchange_timeout
         self._pending: StartedExchange | None = None  # overlap: the last step's exchange
         self._pending_lrs: list[float] = []
         self._waited_seconds = 0.0
@@ -91,6 +93,7 @@ class DeMo(torch.optim.Optimizer):
             self.replicate_group,
             fused=self.fused,
             kernel_precision=self.kernel_precision,
+            timeout=self.exchange_timeout,
             who="DeMo",
         )
 

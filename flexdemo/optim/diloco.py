@@ -82,6 +82,7 @@ class DiLoCo:
         state_device: StateDevice = "device",
         fused: bool = True,
         kernel_precision: str = "ieee",
+        exchange_timeout: float | None = None,
     ):
         _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
                     topk, chunk, decay, state_device)
@@ -91,6 +92,7 @@ class DiLoCo:
         self.compression, self.value_encoding, self.decay = compression, value_encoding, float(decay)
         self.replicate_group = replicate_group
         self.offload = state_device == "cpu"
+        self.exchange_timeout = exchange_timeout
         check_replicate_group([p for _, p in named], replicate_group, who="DiLoCo")
 
         self.entries = [self._new_entry(n, p) for n, p in named]
@@ -103,7 +105,8 @@ class DiLoCo:
         params = [e.param for e in self.entries]
         if compression == "topk":
             self.compressor = TopkCompressor([params], [chunk], [topk], value_encoding, replicate_group,
-                                             fused=fused, kernel_precision=kernel_precision, who="DiLoCo")
+                                             fused=fused, kernel_precision=kernel_precision,
+                                             timeout=exchange_timeout, who="DiLoCo")
             self._member_entry = {id(e.param): e for e in self.entries}
         else:
             self.compressor = None
@@ -174,7 +177,7 @@ class DiLoCo:
                 torch.sub(self._on_device(e.global_copy, local), local, out=out)
                 offset += local.numel()
             timer = ExchangeTimer(device)
-            mean, t = replica_mean(flat, self.replicate_group, wire)
+            mean, t = replica_mean(flat, self.replicate_group, wire, self.exchange_timeout)
             self._timers.append(timer.stop())
             traffic = traffic + t
             offset = 0

@@ -85,6 +85,11 @@ class FlexDemo:
     init_sync: InitSync = "broadcast"
     """At start: "broadcast" params from replica 0, "verify" they match, or "none"."""
 
+    exchange_timeout_seconds: float = 0.0
+    """Seconds an exchange over the replica group may take before the run stops with an error
+    naming the group (a stalled or dead peer); 0 = the process group's own timeout
+    ([comm] train_timeout_seconds)."""
+
     sync_interval: int = 100
     """DiLoCo modes: inner steps between outer steps (H)."""
 
@@ -145,6 +150,8 @@ def check_section(c: FlexDemo) -> None:
         _fail(f"weight_decay={c.weight_decay!r}; expected >= 0")
     if not isinstance(c.replica_check_interval, int) or c.replica_check_interval < 0:
         _fail(f"replica_check_interval={c.replica_check_interval!r}; expected an integer >= 0")
+    if not 0.0 <= float(c.exchange_timeout_seconds) < float("inf"):
+        _fail(f"exchange_timeout_seconds={c.exchange_timeout_seconds!r}; expected a finite number >= 0")
     _check_outer(c)
 
 
@@ -223,9 +230,9 @@ def validate_job_config(job_config, world_size: int | None) -> None:
 
 # [flexdemo] keys each mode reads (mode itself and the replica check: all of them).
 _DEMO_KEYS = ("topk", "chunk", "decay", "value_encoding", "weight_decay", "overlap", "kernel_precision",
-              "init_sync")
+              "init_sync", "exchange_timeout_seconds")
 _OUTER_KEYS = ("sync_interval", "outer_lr", "outer_momentum", "outer_nesterov", "outer_value_encoding",
-               "outer_state_device", "init_sync")
+               "outer_state_device", "init_sync", "exchange_timeout_seconds")
 _KEYS_USED = {
     "demo": _DEMO_KEYS,
     "diloco": _OUTER_KEYS,

@@ -373,6 +373,7 @@ def build_flexdemo_optimizers(
         "value_encoding": cfg.value_encoding,
         "overlap": cfg.overlap,
         "kernel_precision": cfg.kernel_precision,
+        "exchange_timeout": cfg.exchange_timeout_seconds or None,
     }
     logger.info(
         f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
@@ -418,6 +419,7 @@ def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cf
         replicate_group=group,
         state_device=cfg.outer_state_device,
         kernel_precision=cfg.kernel_precision,
+        exchange_timeout=cfg.exchange_timeout_seconds or None,
     )
     cls, kwargs = _adam_kwargs(optimizer_config, cfg.mode)
     compression = (
