@@ -69,7 +69,7 @@ def test_dense_matches_reference_exactly(world, encoding):
         assert differ == [True] * SYNCS, "replicas train apart inside a cycle (the test would be vacuous)"
         assert syncs == ([False] * (H - 1) + [True]) * SYNCS
         assert moved > 0 and worst == 0.0
-        n = sum(torch.Size(s).numel() for s in SHAPES)
+        n = sum(torch.Size(s).numel() for s in SHAPES) + 1  # + each replica's non-finite flag
         elem = 4 if encoding == "fp32" else 2
         chunk = -(-n // world)
         assert traffic.received == 2 * (world - 1) * chunk * elem  # a ring all-reduce's bytes
@@ -116,6 +116,7 @@ def test_topk_bytes_are_the_payload_formula():
         buckets[key] = buckets.get(key, 0) + L.num_blocks
     for (n1, n2, k), blocks in buckets.items():
         expected += math.ceil(blocks * k * (n1 * n2 - 1).bit_length() / 8) + math.ceil(blocks * k / 8) + 4 * blocks
+    expected += 1  # the flag byte
     assert expected < sum(payload_nbytes(block_layout(s, 64), 8, "fp32") for s in SHAPES)
     for traffic, nbytes in run_ranks(_payload_bytes, 2):
         assert traffic.sent == nbytes == expected and traffic.received == expected

@@ -91,7 +91,7 @@ def _bytes_report(rank, world, encoding):
 
 def _payload_from_shapes(k, encoding):
     """The wire format written out independently: per block shape one stream of 12-bit (or
-    whatever fits the block) indices, then the values."""
+    whatever fits the block) indices, then the values; one flag byte at the end."""
     import math
 
     from reference_demo import ref_chunk
@@ -109,7 +109,7 @@ def _payload_from_shapes(k, encoding):
         value_bytes = {"fp32": 4 * count, "bf16": 2 * count, "sign": math.ceil(count / 8),
                        "scaled_sign": math.ceil(count / 8) + 4 * b}[encoding]
         total += math.ceil(count * idx_bits / 8) + value_bytes
-    return total
+    return total + 1
 
 
 @pytest.mark.parametrize("encoding", ["sign", "scaled_sign", "fp32"])

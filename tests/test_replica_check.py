@@ -1,4 +1,5 @@
 import torch
+import torch.distributed as dist
 
 from flexdemo import ReplicaMismatchError, check_replicas_identical
 from flexdemo.replica_check import tensor_hash
@@ -39,3 +40,30 @@ def test_first_differing_parameter_is_named_on_every_rank():
         assert name == "layer1.weight"
         assert ranks == [0, 2]
         assert "layer1.weight" in msg
+
+
+def _resync(rank, world, action):
+    import torch.nn as nn
+
+    from flexdemo.titan.replicas import ReplicaSyncError, verify_or_resync
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    shared = torch.full((3,), float(rank))  # e.g. a DiLoCo global copy that drifted too
+    if rank == 1:
+        with torch.no_grad():
+            model.weight[0, 0] += 1.0
+    try:
+        resynced = verify_or_resync([model], None, step=7, action=action, shared_state=[shared])
+    except ReplicaSyncError as e:
+        return "stopped", str(e)
+    flat = torch.cat([model.weight.detach().reshape(-1), model.bias.detach(), shared])
+    out = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(out, flat)
+    return resynced, all(torch.equal(o, out[0]) for o in out) and torch.equal(shared, torch.zeros(3))
+
+
+def test_replicas_found_different_are_resynced_from_replica0():
+    assert run_ranks(_resync, 2, "resync") == [(True, True), (True, True)]
+    for verdict, message in run_ranks(_resync, 2, "stop"):
+        assert verdict == "stopped" and "'weight' differs" in message

@@ -124,7 +124,7 @@ def test_dense_diloco_with_host_state(tmp_path, assets):
     _assert_identical_after_syncs_only(run)
     assert "state on cpu (8 bytes/param)" in " ".join(run.rank_lines(0))  # global copy + momentum
     for rank in range(4):
-        n = sum(math.prod(s) for s in debugmodel_local_shapes(rank % 2))
+        n = sum(math.prod(s) for s in debugmodel_local_shapes(rank % 2)) + 1  # + the non-finite flag
         chunk = -(-n // 2)  # bf16 wire: all_to_all of the other half + all_gather of it back
         for step, (sent, received, *_t) in run.exchange(rank).items():
             if step % H == 0:

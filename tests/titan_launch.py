@@ -108,7 +108,8 @@ def debugmodel_local_shapes(shard: int, shards: int = 2) -> list[tuple[int, ...]
 def expected_payload_bytes(shard: int, encoding: str = "sign", shards: int = 2, chunk: int = 64,
                            topk: int = 32) -> int:
     """The payload formula for this rank's FSDP shard of the debug model: tensors that share a
-    block shape form one bucket of ceil(blocks*k*bits/8) index bytes + the value bytes."""
+    block shape form one bucket of ceil(blocks*k*bits/8) index bytes + the value bytes; one
+    flag byte ends the payload."""
     from flexdemo.compression.bitpack import bits_for
     from flexdemo.compression.dct import block_layout
 
@@ -124,7 +125,7 @@ def expected_payload_bytes(shard: int, encoding: str = "sign", shards: int = 2, 
     for (n1, n2, k), blocks in blocks_per_bucket.items():
         count = blocks * k
         total += -(-count * bits_for(n1 * n2) // 8) + value_bytes(count, blocks)
-    return total
+    return total + 1
 
 
 def load_dcp(path: Path) -> dict:

@@ -12,6 +12,11 @@ dense outer gradient). Per exchange:
 3. :meth:`unpack` + :meth:`decode_sign_update` / :meth:`decode_into`: the mean over the
    replicas that selected each coefficient, inverse DCT.
 
+Each replica's payload ends with one flag byte (:meth:`flags`): a replica that saw a
+non-finite value says so there, so every replica learns it from the exchange itself and all
+skip (or stop) alike; :meth:`restore` puts back into an accumulator what error feedback took
+out for a payload that was not used.
+
 Fused Triton kernels (:mod:`flexdemo.kernels`) take a bucket when all its tensors fit them
 (CUDA, fp32, >= 2-D, blocks <= 64x64); otherwise torch ops. Both give the same wire format.
 """
@@ -23,7 +28,15 @@ from typing import Literal, get_args
 
 import torch
 
-from flexdemo.compression.codec import check_encoding, compress, decode_mean, pack_payload, unpack_payload
+from flexdemo.compression.codec import (
+    check_encoding,
+    compress,
+    decode_mean,
+    pack_payload,
+    sent_values,
+    unpack_payload,
+)
+from flexdemo.compression.dct import blocks_idct
 from flexdemo.compression.exchange import (
     ExchangeTimer,
     Traffic,
@@ -43,6 +56,7 @@ from flexdemo.kernels import (
 )
 from flexdemo.local import local_tensor
 
+FLAG_BYTES = 1
 KernelPrecision = Literal["ieee", "tf32x3"]
 KERNEL_PRECISIONS: tuple[str, ...] = get_args(KernelPrecision)
 
@@ -93,7 +107,8 @@ class TopkCompressor:
         self.encoding = encoding
         self.group = replicate_group
         entries = [[(t, tuple(local_tensor(t).shape), t.dtype) for t in ts] for ts in groups]
-        self.buckets, self.nbytes = build_plan(entries, chunks, topks, encoding)
+        self.buckets, coefficient_bytes = build_plan(entries, chunks, topks, encoding)
+        self.nbytes = coefficient_bytes + FLAG_BYTES  # the flag byte ends each payload
         for b in self.buckets:
             b.fused = fused and all(
                 fused_supported(m.layout, local_tensor(m.param).device, m.param.dtype)
@@ -158,24 +173,27 @@ class TopkCompressor:
 
     # -- exchange ---------------------------------------------------------------------------
 
-    def _concat(self, payloads: list[torch.Tensor]) -> torch.Tensor:
-        mine = torch.cat(payloads) if payloads else torch.empty(0, dtype=torch.uint8, device=self.device)
+    def _concat(self, payloads: list[torch.Tensor], flag: torch.Tensor | None) -> torch.Tensor:
+        if flag is None:
+            flag = torch.zeros(FLAG_BYTES, dtype=torch.uint8, device=self.device)
+        mine = torch.cat([*payloads, flag.to(device=self.device, dtype=torch.uint8).reshape(FLAG_BYTES)])
         if mine.numel() != self.nbytes:
             raise RuntimeError(f"payload of {mine.numel()} bytes, the plan says {self.nbytes}")
         return mine
 
-    def exchange(self, payloads: list[torch.Tensor]) -> torch.Tensor:
-        """ONE all_gather of every bucket's payload: ``[replicas, nbytes]`` bytes on every rank."""
-        mine = self._concat(payloads)
+    def exchange(self, payloads: list[torch.Tensor], flag: torch.Tensor | None = None) -> torch.Tensor:
+        """ONE all_gather of every bucket's payload and this rank's flag (a 0/1 byte, zero
+        if None): ``[replicas, nbytes]`` bytes on every rank."""
+        mine = self._concat(payloads, flag)
         timer = ExchangeTimer(mine.device)
         gathered, self.last_traffic, _ = gather_payloads(mine, self.group, timeout=self.timeout)
         self._timer = timer.stop()
         return gathered
 
-    def start_exchange(self, payloads: list[torch.Tensor]) -> "StartedExchange":
+    def start_exchange(self, payloads: list[torch.Tensor], flag: torch.Tensor | None = None) -> "StartedExchange":
         """The same all_gather, started and not waited for: it runs while the caller computes
         (on CUDA, on NCCL's stream). ``StartedExchange.result()`` waits and returns the bytes."""
-        mine = self._concat(payloads)
+        mine = self._concat(payloads, flag)
         gathered, self.last_traffic, work = gather_payloads(mine, self.group, async_op=True)
         return StartedExchange(gathered, work, self.group, self.timeout)
 
@@ -183,6 +201,23 @@ class TopkCompressor:
     def last_exchange_seconds(self) -> float:
         """Wall time of the last all_gather (on CUDA: between stream events, read lazily)."""
         return self._timer.seconds() if self._timer is not None else 0.0
+
+    @staticmethod
+    def flags(gathered: torch.Tensor) -> list[int]:
+        """Every replica's flag byte, in rank order (a host copy)."""
+        return gathered[:, -FLAG_BYTES].tolist()
+
+    def restore(self, bucket: Bucket, idx: torch.Tensor, vals: torch.Tensor, accs: list[torch.Tensor],
+                members: list[int] | None = None) -> None:
+        """Give back to the accumulators of ``bucket``'s members (all, or the listed ones) what
+        :meth:`select` took out as sent (``idx``/``vals``: the whole bucket's rows, as packed):
+        for a payload nobody applied."""
+        chosen = [bucket.members[i] for i in members] if members is not None else bucket.members
+        for m, acc in zip(chosen, accs):
+            rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
+            taken = torch.zeros(m.layout.num_blocks, m.layout.block_numel, dtype=acc.dtype, device=acc.device)
+            taken.scatter_(1, idx[rows].long(), sent_values(vals[rows].to(acc.dtype), self.encoding))
+            acc.add_(blocks_idct(taken, m.layout))
 
     # -- decode -----------------------------------------------------------------------------
 

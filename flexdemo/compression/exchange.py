@@ -34,6 +34,28 @@ class Traffic:
         return Traffic(self.sent + other.sent, self.received + other.received)
 
 
+class NonFiniteError(RuntimeError):
+    """A replica saw a non-finite value and was told to stop: raised on every replica alike."""
+
+
+def shard_group_of(params):
+    """The group of a replica's FSDP shards (the DTensor parameters' 1-D mesh), or None."""
+    for p in params:
+        if isinstance(p, DTensor) and p.device_mesh.ndim == 1 and p.device_mesh.size() > 1:
+            return p.device_mesh.get_group()
+    return None
+
+
+def any_nonfinite(tensors, shard_group, device: torch.device) -> bool:
+    """Whether any of this rank's tensors holds a non-finite value, agreed over the replica's
+    shards (a MAX all-reduce on the fast link; one host sync)."""
+    flags = [~torch.isfinite(t).all() for t in tensors if t.numel()]
+    bad = torch.stack(flags).any().to(torch.float32) if flags else torch.zeros((), device=device)
+    if shard_group is not None:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=shard_group)
+    return bool(bad.item())
+
+
 class ReplicaExchangeTimeout(RuntimeError):
     """A collective over the replica group did not complete in time: a peer across the slow
     link is stalled or gone."""

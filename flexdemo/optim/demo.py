@@ -17,6 +17,13 @@ With ``overlap=True`` the all_gather of step t is started and not waited for; it
 applied at the start of step t+1 (before that step's weight decay), so the exchange runs while
 the next forward/backward computes: the gradient of step t+1 does not yet see update t (one
 step of delay, as production ports of DeMo do).
+
+A non-finite gradient on any shard of a replica is found before anything is sent (agreed over
+the replica's shards, on the fast link) and counts as zero there; the replica says so in its
+payload's flag byte, so every replica learns it from the exchange itself. Then, by
+``nonfinite``: "skip": no replica applies the step's update and each puts what it sent back
+into its momentum (weight decay still applies, alike on every replica); "stop": every replica
+raises :class:`NonFiniteGradientError`, the replica that saw it naming the parameter.
 """
 
 from __future__ import annotations
@@ -26,8 +33,15 @@ import torch.distributed as dist
 
 from flexdemo.compression.codec import check_encoding
 from flexdemo.compression.compressor import StartedExchange, TopkCompressor
-from flexdemo.compression.exchange import check_replicate_group, group_size
+from flexdemo.compression.exchange import NonFiniteError, any_nonfinite, check_replicate_group, group_size, shard_group_of
 from flexdemo.local import local_tensor as _local
+
+
+NONFINITE_ACTIONS = ("skip", "stop")
+
+
+class NonFiniteGradientError(NonFiniteError):
+    """A replica saw a non-finite gradient and ``nonfinite="stop"``: raised on every replica."""
 
 
 class DeMo(torch.optim.Optimizer):
@@ -46,6 +60,7 @@ class DeMo(torch.optim.Optimizer):
         overlap: bool = False,
         kernel_precision: str = "ieee",
         exchange_timeout: float | None = None,
+        nonfinite: str = "skip",
     ):
         _check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
         check_encoding(value_encoding)
@@ -53,6 +68,12 @@ class DeMo(torch.optim.Optimizer):
             raise ValueError(f"DeMo: fused must be True or False, got {fused!r}")
         if not isinstance(overlap, bool):
             raise ValueError(f"DeMo: overlap must be True or False, got {overlap!r}")
+        if nonfinite not in NONFINITE_ACTIONS:
+            raise ValueError(f"DeMo: nonfinite must be one of {NONFINITE_ACTIONS}, got {nonfinite!r}")
+        self.nonfinite = nonfinite
+        self.param_names: dict[int, str] = {}  # id(param) -> name, for messages (set by the caller)
+        self.last_step_skipped_by: list[int] = []  # replicas whose non-finite gradient skipped the last step
+        self._bad_here: list[str] = []
         self.overlap = overlap
         self.kernel_precision = kernel_precision
         self.exchange_timeout = exchange_timeout
@@ -78,6 +99,7 @@ class DeMo(torch.optim.Optimizer):
         self.replicate_group = replicate_group
         self.replica_world_size = group_size(replicate_group)
         check_replicate_group(self._trainable(), replicate_group, who="DeMo")
+        self._shard_group = shard_group_of(self._trainable())
         self.compressor = self._build_compressor()
 
     def _trainable(self):
@@ -123,23 +145,57 @@ class DeMo(torch.optim.Optimizer):
         comp = self.compressor
         # overlap: the update exchanged last step comes first, before this step's weight decay.
         self._waited_seconds = 0.0
+        self.last_step_skipped_by = []
         if self._pending is not None:
             self.finish_pending()
         self._decay_weights_and_create_state()
+        bad = self._nonfinite_here()
 
-        payloads = []
+        payloads, sent = [], []
         for b in comp.buckets:
             group = self.param_groups[b.group_index]
             deltas = [_local(self.state[m.param]["delta"]) for m in b.members]
-            # A missing grad counts as zero: every replica must pack the same layout.
-            grads = [None if m.param.grad is None else _local(m.param.grad) for m in b.members]
-            payloads.append(comp.encode(b, deltas, grads, scale=group["lr"], decay=group["compression_decay"]))
+            # A missing grad counts as zero (every replica must pack the same layout), and so
+            # does every grad of a replica that saw a non-finite one.
+            grads = [None if bad or m.param.grad is None else _local(m.param.grad) for m in b.members]
+            idx, vals = comp.select(b, deltas, grads, scale=group["lr"], decay=group["compression_decay"])
+            sent.append((idx, vals))
+            payloads.append(comp.pack(b, idx, vals))
         lrs = [g["lr"] for g in self.param_groups]
+        flag = torch.tensor([int(bad)], dtype=torch.uint8)
         if self.overlap:
-            self._pending, self._pending_lrs = comp.start_exchange(payloads), lrs
+            self._pending, self._pending_lrs = comp.start_exchange(payloads, flag), lrs
+            self._pending_sent = sent
         else:
-            self._apply(comp.exchange(payloads), lrs)
+            self._finish(comp.exchange(payloads, flag), lrs, sent)
         return loss
+
+    def _nonfinite_here(self) -> bool:
+        """Whether any local gradient of this replica is non-finite (agreed over its shards)."""
+        grads = [_local(p.grad) for p in self._trainable() if p.grad is not None]
+        if not any_nonfinite(grads, self._shard_group, self.compressor.device):
+            return False
+        self._bad_here = [self.param_names.get(id(p), f"parameter {i}") for i, p in enumerate(self._trainable())
+                          if p.grad is not None and not bool(torch.isfinite(_local(p.grad)).all())]
+        return True
+
+    def _finish(self, gathered: torch.Tensor, lrs: list[float], sent) -> None:
+        """Apply an exchange's update, unless a replica flagged a non-finite gradient."""
+        comp = self.compressor
+        bad = [r for r, flag in enumerate(comp.flags(gathered)) if flag]
+        if not bad:
+            self._apply(gathered, lrs)
+            return
+        if self.nonfinite == "stop":
+            here = f"; here in {', '.join(self._bad_here)}" if self._bad_here else ""
+            raise NonFiniteGradientError(
+                f"DeMo: a non-finite gradient on replica(s) {bad}{here}; stopping before it reaches a parameter "
+                "([flexdemo] nonfinite = \"skip\" skips such steps instead)"
+            )
+        for b, (idx, vals) in zip(comp.buckets, sent):  # nobody applies it: what was sent goes back
+            comp.restore(b, idx, vals, [_local(self.state[m.param]["delta"]) for m in b.members])
+        self.last_step_skipped_by = bad
+        self._bad_here = []
 
     def _apply(self, gathered: torch.Tensor, lrs: list[float]) -> None:
         """``p -= lr * sign(IDCT(mean over selecting replicas))`` from every replica's bytes."""
@@ -154,8 +210,9 @@ class DeMo(torch.optim.Optimizer):
         if self._pending is not None:
             gathered = self._pending.result()
             self._waited_seconds = self._pending.waited_seconds
-            self._apply(gathered, self._pending_lrs)
-            self._pending = None
+            pending, self._pending = self._pending, None
+            self._finish(gathered, self._pending_lrs, self._pending_sent)
+            del pending
 
     def pending_state(self) -> dict[str, torch.Tensor]:
         """overlap: the exchange in flight (waited for), to checkpoint with fixed shapes:
@@ -163,6 +220,8 @@ class DeMo(torch.optim.Optimizer):
         its update is applied with."""
         groups = len(self.param_groups)
         size = self.replica_world_size * self.compressor.nbytes
+        if self._pending is not None and self.nonfinite == "skip" and any(self.compressor.flags(self._pending.result())):
+            self.finish_pending()  # a skipped update: resolve it now (restores the momentum), nothing to carry
         if self._pending is None:
             return {"pending": torch.zeros(1, dtype=torch.int64), "bytes": torch.zeros(size, dtype=torch.uint8),
                     "lrs": torch.zeros(groups, dtype=torch.float64)}
@@ -175,6 +234,7 @@ class DeMo(torch.optim.Optimizer):
             return
         gathered = state["bytes"].to(self.compressor.device).view(self.replica_world_size, self.compressor.nbytes)
         self._pending, self._pending_lrs = StartedExchange(gathered, None), state["lrs"].tolist()
+        self._pending_sent = None  # a carried exchange is applied, or (nonfinite="stop") raises
 
     def _decay_weights_and_create_state(self) -> None:
         for group in self.param_groups:

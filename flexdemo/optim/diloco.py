@@ -17,7 +17,11 @@ group). At a sync, per parameter and on this rank's local shard:
 4. ``local := global``.
 
 Every replica computes the same bits in steps 2-4, so replicas are bit-identical after every
-sync. State (``global``, outer momentum, error feedback: 12 bytes per parameter) lives on the
+sync. A replica whose cycle produced non-finite parameters (found before anything is sent,
+agreed over its shards) sends zeros and says so in the exchange (the payload's flag byte, or
+one extra element of the dense mean); then, by ``nonfinite``, every replica skips the outer
+step alike (global copy and momentum unchanged, error feedback given back what it sent, local
+:= global: the cycle is discarded) or raises :class:`NonFiniteError`. State (``global``, outer momentum, error feedback: 12 bytes per parameter) lives on the
 parameters' device, or with ``state_device="cpu"`` in (pinned) host memory, streamed through
 the device one tensor at a time.
 """
@@ -34,11 +38,14 @@ from torch.distributed.tensor import DTensor
 from flexdemo.compression.compressor import TopkCompressor
 from flexdemo.compression.exchange import (
     ExchangeTimer,
+    NonFiniteError,
     Traffic,
+    any_nonfinite,
     check_replicas_agree,
     check_replicate_group,
     distributed,
     replica_mean,
+    shard_group_of,
 )
 from flexdemo.local import local_tensor
 
@@ -83,6 +90,7 @@ class DiLoCo:
         fused: bool = True,
         kernel_precision: str = "ieee",
         exchange_timeout: float | None = None,
+        nonfinite: str = "skip",
     ):
         _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
                     topk, chunk, decay, state_device)
@@ -93,6 +101,11 @@ class DiLoCo:
         self.replicate_group = replicate_group
         self.offload = state_device == "cpu"
         self.exchange_timeout = exchange_timeout
+        if nonfinite not in ("skip", "stop"):
+            raise ValueError(f"DiLoCo: nonfinite must be 'skip' or 'stop', got {nonfinite!r}")
+        self.nonfinite = nonfinite
+        self.last_sync_skipped = False
+        self._shard_group = shard_group_of([p for _, p in named])
         check_replicate_group([p for _, p in named], replicate_group, who="DiLoCo")
 
         self.entries = [self._new_entry(n, p) for n, p in named]
@@ -155,63 +168,93 @@ class DiLoCo:
     def sync(self) -> None:
         self.before_inner_step()
         self._timers = []
+        locals_ = [local_tensor(e.param) for e in self.entries]
+        device = locals_[0].device if locals_ else torch.device("cpu")
+        bad = any_nonfinite(locals_, self._shard_group, device)
         if self.compression == "topk":
-            self.last_traffic = self._sync_topk()
+            self.last_traffic, skip = self._sync_topk(bad)
         else:
-            self.last_traffic = self._sync_dense()
+            self.last_traffic, skip = self._sync_dense(bad)
+        self.last_sync_skipped = skip
+        if skip:
+            if self.nonfinite == "stop":
+                here = " (here)" if bad else ""
+                raise NonFiniteError(
+                    f"DiLoCo: non-finite parameters after the inner steps on a replica{here}; stopping before the "
+                    "outer step ([flexdemo] nonfinite = \"skip\" discards such a cycle instead)"
+                )
+            for e in self.entries:  # the cycle is discarded: everyone restarts from the global copy
+                local_tensor(e.param).copy_(self._on_device(e.global_copy, local_tensor(e.param)))
         if self.offload and self.entries and local_tensor(self.entries[0].param).is_cuda:
             torch.cuda.current_stream().synchronize()  # host copies complete before anyone reads them
         self.inner_steps = 0
         self.outer_steps += 1
 
-    def _sync_dense(self) -> Traffic:
+    def _sync_dense(self, bad: bool) -> tuple[Traffic, bool]:
         traffic = Traffic()
         wire = _WIRE_DTYPES[self.value_encoding]
-        for bucket in _dense_buckets(self.entries):
+        for i, bucket in enumerate(_dense_buckets(self.entries)):
             device = local_tensor(bucket[0].param).device
-            flat = torch.empty(sum(local_tensor(e.param).numel() for e in bucket), device=device)
+            flagged = i == 0  # the first bucket carries one more element: this replica's flag
+            flat = torch.empty(sum(local_tensor(e.param).numel() for e in bucket) + flagged, device=device)
             offset = 0
             for e in bucket:
                 local = local_tensor(e.param)
                 out = flat[offset : offset + local.numel()].view(local.shape)
-                torch.sub(self._on_device(e.global_copy, local), local, out=out)
+                if bad:
+                    out.zero_()  # nothing non-finite leaves this replica
+                else:
+                    torch.sub(self._on_device(e.global_copy, local), local, out=out)
                 offset += local.numel()
+            if flagged:
+                flat[-1] = float(bad)
             timer = ExchangeTimer(device)
             mean, t = replica_mean(flat, self.replicate_group, wire, self.exchange_timeout)
             self._timers.append(timer.stop())
             traffic = traffic + t
+            if flagged and mean[-1].item() > 0:  # some replica flagged: all skip, and send nothing more
+                return traffic, True
             offset = 0
             for e in bucket:
                 local = local_tensor(e.param)
                 self._outer_update(e, mean[offset : offset + local.numel()].view(local.shape))
                 offset += local.numel()
-        return traffic
+        return traffic, False
 
-    def _sync_topk(self) -> Traffic:
+    def _sync_topk(self, bad: bool) -> tuple[Traffic, bool]:
         comp = self.compressor
-        payloads = []
+        payloads, sent = [], []
         for b in comp.buckets:
             idx_parts, val_parts = [], []
             for i, m in enumerate(b.members):
                 e = self._member_entry[id(m.param)]
                 local = local_tensor(e.param)
-                pg = self._on_device(e.global_copy, local) - local
+                pg = None if bad else self._on_device(e.global_copy, local) - local  # none non-finite
                 acc = self._on_device(e.error_feedback, local)
                 idx, vals = comp.select(b, [acc], [pg], scale=1.0, decay=self.decay, members=[i])
                 self._to_state(e.error_feedback, acc)
                 idx_parts.append(idx)
                 val_parts.append(vals)
-            payloads.append(comp.pack(b, torch.cat(idx_parts), torch.cat(val_parts)))
+            sent.append((torch.cat(idx_parts), torch.cat(val_parts)))
+            payloads.append(comp.pack(b, *sent[-1]))
         timer = ExchangeTimer(comp.device)
-        gathered = comp.exchange(payloads)
+        gathered = comp.exchange(payloads, torch.tensor([int(bad)], dtype=torch.uint8))
         self._timers.append(timer.stop())
+        if any(comp.flags(gathered)):  # nobody applies it: each error feedback gets back what it sent
+            for b, (idx, vals) in zip(comp.buckets, sent):
+                for i, m in enumerate(b.members):
+                    e = self._member_entry[id(m.param)]
+                    acc = self._on_device(e.error_feedback, local_tensor(e.param))
+                    comp.restore(b, idx, vals, [acc], members=[i])
+                    self._to_state(e.error_feedback, acc)
+            return comp.last_traffic, True
         for b in comp.buckets:
             idx, vals = comp.unpack(b, gathered)
             for i, m in enumerate(b.members):
                 e = self._member_entry[id(m.param)]
                 local = local_tensor(e.param)
                 self._outer_update(e, comp.decode_into(b, idx, vals, i, torch.empty_like(local)))
-        return comp.last_traffic
+        return comp.last_traffic, False
 
     def _outer_update(self, e: _Entry, grad: torch.Tensor) -> None:
         """SGD (optionally Nesterov momentum) on the global copy, as torch.optim.SGD; local := global."""

@@ -24,6 +24,8 @@ from flexdemo.compression.compressor import KERNEL_PRECISIONS, KernelPrecision
 from flexdemo.optim.diloco import DENSE_ENCODINGS, STATE_DEVICES, TOPK_ENCODINGS, StateDevice, TopkEncoding
 
 Mode = Literal["demo", "off", "diloco", "demo_diloco"]
+NonFinite = Literal["skip", "stop"]
+ReplicaCheckAction = Literal["stop", "resync"]
 InitSync = Literal["broadcast", "verify", "none"]
 MODES, INIT_SYNC = get_args(Mode), get_args(InitSync)
 DILOCO_MODES = ("diloco", "demo_diloco")
@@ -82,8 +84,17 @@ class FlexDemo:
     replica_check_interval: int = 0
     """Every N steps verify that all replicas hold bit-identical parameters (0 = never)."""
 
+    replica_check_action: ReplicaCheckAction = "stop"
+    """When the check finds replicas different: "stop" every rank naming the first differing
+    parameter, or "resync" every replica from replica 0 (logged) and go on."""
+
     init_sync: InitSync = "broadcast"
     """At start: "broadcast" params from replica 0, "verify" they match, or "none"."""
+
+    nonfinite: NonFinite = "skip"
+    """A non-finite gradient (demo) or non-finite parameters at an outer step (DiLoCo modes) on a
+    replica: "skip" the step on every replica alike (nothing non-finite is sent), or "stop"
+    every replica with an error naming it."""
 
     exchange_timeout_seconds: float = 0.0
     """Seconds an exchange over the replica group may take before the run stops with an error
@@ -133,6 +144,10 @@ def check_section(c: FlexDemo) -> None:
         _fail(f"value_encoding={c.value_encoding!r}; expected one of {VALUE_ENCODINGS}")
     if c.init_sync not in INIT_SYNC:
         _fail(f"init_sync={c.init_sync!r}; expected one of {INIT_SYNC}")
+    if c.replica_check_action not in get_args(ReplicaCheckAction):
+        _fail(f"replica_check_action={c.replica_check_action!r}; expected one of {get_args(ReplicaCheckAction)}")
+    if c.nonfinite not in get_args(NonFinite):
+        _fail(f"nonfinite={c.nonfinite!r}; expected one of {get_args(NonFinite)}")
     if c.kernel_precision not in KERNEL_PRECISIONS:
         _fail(f"kernel_precision={c.kernel_precision!r}; expected one of {KERNEL_PRECISIONS}")
     if not isinstance(c.chunk, int) or c.chunk < 1:
@@ -230,9 +245,9 @@ def validate_job_config(job_config, world_size: int | None) -> None:
 
 # [flexdemo] keys each mode reads (mode itself and the replica check: all of them).
 _DEMO_KEYS = ("topk", "chunk", "decay", "value_encoding", "weight_decay", "overlap", "kernel_precision",
-              "init_sync", "exchange_timeout_seconds")
+              "init_sync", "exchange_timeout_seconds", "nonfinite")
 _OUTER_KEYS = ("sync_interval", "outer_lr", "outer_momentum", "outer_nesterov", "outer_value_encoding",
-               "outer_state_device", "init_sync", "exchange_timeout_seconds")
+               "outer_state_device", "init_sync", "exchange_timeout_seconds", "nonfinite")
 _KEYS_USED = {
     "demo": _DEMO_KEYS,
     "diloco": _OUTER_KEYS,
@@ -246,7 +261,7 @@ _OPTIMIZER_KEYS_UNUSED_BY_DEMO = ("name", "beta1", "beta2", "eps", "weight_decay
 def ignored_keys(job_config) -> list[str]:
     """``section.key`` of every key set to a non-default value that the chosen mode does not read."""
     c: FlexDemo = job_config.flexdemo
-    used = {"mode", "replica_check_interval", *_KEYS_USED[c.mode]}
+    used = {"mode", "replica_check_interval", "replica_check_action", *_KEYS_USED[c.mode]}
     out = [f"flexdemo.{f.name}" for f in fields(FlexDemo)
            if f.name not in used and getattr(c, f.name) != f.default]
     if c.mode == "demo":

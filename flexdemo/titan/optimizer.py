@@ -64,6 +64,7 @@ class FlexOptimizersContainer(OptimizersContainer):
         *,
         replicate_group,
         replica_check_interval: int,
+        replica_check_action: str = "stop",
         modelled_bytes_per_step: int | None,
         per_replica_state: bool,
         format_key: str,
@@ -79,6 +80,7 @@ class FlexOptimizersContainer(OptimizersContainer):
         self._resume_renames: dict[str, str] = {}
         self.replicate_group = replicate_group
         self.replica_check_interval = replica_check_interval
+        self.replica_check_action = replica_check_action
         # Mode "off": HSDP all-reduce bytes are modelled (FSDP does the comms, not us).
         self.modelled_bytes_per_step = modelled_bytes_per_step
         self.replica_prefix = (
@@ -99,6 +101,10 @@ class FlexOptimizersContainer(OptimizersContainer):
         compressors = [getattr(o, "compressor", None) for o in self.optimizers]
         compressors.append(outer.compressor if outer is not None else None)
         self.uses_fused_kernels = any(c is not None and c.uses_fused_kernels for c in compressors)
+        names = {id(p): name for part in model_parts for name, p in part.named_parameters()}
+        for opt in self.optimizers:
+            if hasattr(opt, "param_names"):
+                opt.param_names = names  # for messages that name a parameter
         self._fused_step_seconds: list[float] = []
 
     def step(self, *args, **kwargs) -> None:
@@ -113,6 +119,7 @@ class FlexOptimizersContainer(OptimizersContainer):
         self.last_step_seconds = time.perf_counter() - start
         self.step_count += 1
         self._account_exchange()
+        self._report_skipped_step()
         if self.uses_fused_kernels and self.last_bytes_sent and len(self._fused_step_seconds) < 2:
             self._report_kernel_compilation()
         if synced:
@@ -128,7 +135,19 @@ class FlexOptimizersContainer(OptimizersContainer):
             and self.replica_check_interval
             and self.step_count % self.replica_check_interval == 0
         ):
-            rep.verify_identical(self.model_parts, self.replicate_group, self.step_count)
+            shared = [t for e in self.outer.entries for t in (e.global_copy, e.momentum) if t is not None] \
+                if self.outer is not None else []
+            rep.verify_or_resync(self.model_parts, self.replicate_group, self.step_count, self.replica_check_action,
+                                 shared)
+
+    def _report_skipped_step(self) -> None:
+        skipped_by = sorted({r for o in self.optimizers for r in getattr(o, "last_step_skipped_by", [])})
+        if skipped_by:
+            logger.warning(f"flexdemo: step {self.step_count}'s update skipped on every replica: a non-finite "
+                           f"gradient on replica(s) {skipped_by}")
+        if self.outer is not None and self.outer.last_sync_skipped and self.outer.inner_steps == 0:
+            logger.warning(f"flexdemo: outer step after step {self.step_count} skipped on every replica: non-finite "
+                           "parameters on a replica; every replica restarts from the global copy")
 
     def _overlapped(self):
         return [o for o in self.optimizers if getattr(o, "overlap", False)]
@@ -342,6 +361,7 @@ def build_flexdemo_optimizers(
             model_parts, cls, kwargs,
             replicate_group=group,
             replica_check_interval=cfg.replica_check_interval,
+            replica_check_action=cfg.replica_check_action,
             modelled_bytes_per_step=modelled,
             per_replica_state=False,  # HSDP keeps AdamW state identical across replicas
             **checkpoint,
@@ -374,6 +394,7 @@ def build_flexdemo_optimizers(
         "overlap": cfg.overlap,
         "kernel_precision": cfg.kernel_precision,
         "exchange_timeout": cfg.exchange_timeout_seconds or None,
+        "nonfinite": cfg.nonfinite,
     }
     logger.info(
         f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
@@ -383,6 +404,7 @@ def build_flexdemo_optimizers(
         model_parts, DeMo, kwargs,
         replicate_group=group,
         replica_check_interval=cfg.replica_check_interval,
+        replica_check_action=cfg.replica_check_action,
         modelled_bytes_per_step=None,
         per_replica_state=True,
         last_step=job_config.training.steps,
@@ -420,6 +442,7 @@ def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cf
         state_device=cfg.outer_state_device,
         kernel_precision=cfg.kernel_precision,
         exchange_timeout=cfg.exchange_timeout_seconds or None,
+        nonfinite=cfg.nonfinite,
     )
     cls, kwargs = _adam_kwargs(optimizer_config, cfg.mode)
     compression = (
@@ -436,6 +459,7 @@ def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cf
         model_parts, cls, kwargs,
         replicate_group=group,
         replica_check_interval=cfg.replica_check_interval,
+        replica_check_action=cfg.replica_check_action,
         modelled_bytes_per_step=None,
         per_replica_state=True,  # each replica's AdamW state is its own
         outer=outer,

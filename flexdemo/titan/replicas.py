@@ -37,6 +37,26 @@ def broadcast_from_replica0(model_parts: list[nn.Module], group: dist.ProcessGro
             dist.broadcast(local_tensor(t.detach()), group=group, group_src=0)
 
 
+@torch.no_grad()
+def verify_or_resync(model_parts: list[nn.Module], group: dist.ProcessGroup, step: int, action: str,
+                     shared_state=()) -> bool:
+    """:func:`verify_identical`; on a mismatch with ``action="resync"`` every replica takes replica
+    0's parameters (and ``shared_state``, tensors every replica must hold alike, such as the
+    DiLoCo global copy) and training goes on, logged. Returns whether it re-synced."""
+    try:
+        verify_identical(model_parts, group, step)
+        return False
+    except ReplicaSyncError:
+        if action != "resync":
+            raise
+    broadcast_from_replica0(model_parts, group)
+    for t in shared_state:
+        dist.broadcast(local_tensor(t), group=group, group_src=0)
+    logger.warning(f"flexdemo: replicas differed at step {step}; every replica re-synced from replica 0, going on")
+    verify_identical(model_parts, group, step)
+    return True
+
+
 def verify_identical(model_parts: list[nn.Module], group: dist.ProcessGroup, step: int) -> None:
     """flexdemo.replica_check over the replica group (it agrees world-wide, so every
     rank raises together); log the verdict and stop training on a mismatch."""

@@ -1,0 +1,149 @@
+"""A non-finite gradient on one replica (or on one shard of a replica): found before anything is
+sent, agreed through the exchange's flag byte, and every replica skips the step alike or stops;
+nothing non-finite reaches a parameter, a momentum, or another replica."""
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from flexdemo import DeMo
+from flexdemo.optim.demo import NonFiniteGradientError
+from multiproc import run_ranks
+from toy_problem import INPUT_NUMEL, all_ranks_equal, loss, make_params
+
+LR, WD, DECAY, BAD_STEP = 0.01, 0.1, 0.9, 2
+
+
+def _grads(params, rank, step):
+    x = torch.randn(INPUT_NUMEL, generator=torch.Generator().manual_seed(100 * rank + step))
+    for p in params:
+        p.grad = None
+    loss(params, x).backward()
+
+
+def _skip(rank, world, overlap):
+    params = make_params()
+    opt = DeMo(params, lr=LR, weight_decay=WD, compression_decay=DECAY, compression_topk=8, overlap=overlap,
+               value_encoding="fp32")
+    skipped, checks = [], []
+    for step in range(5):
+        _grads(params, rank, step)
+        if step == BAD_STEP and rank == 1:
+            params[2].grad[3, 7] = float("nan")
+        before = [p.detach().clone() for p in params]
+        deltas = [opt.state[p]["delta"].clone() if p in opt.state else torch.zeros_like(p) for p in params]
+        grads = [torch.zeros_like(p) if (step == BAD_STEP and rank == 1) else p.grad.clone() for p in params]
+        opt.step()
+        skipped.append(opt.last_step_skipped_by)
+        if step == (BAD_STEP + 1 if overlap else BAD_STEP):
+            # Nobody applied the flagged update: with overlap this step applied nothing but its decay.
+            applied_nothing = all(torch.equal(p, b * (1 - LR * WD)) for p, b in zip(params, before))
+            checks.append(applied_nothing)
+        if step == BAD_STEP and not overlap:
+            # The momentum kept this step's gradient (the one that saw NaN: none), nothing was lost.
+            expected = [d * DECAY + LR * g for d, g in zip(deltas, grads)]
+            worst = max(float((opt.state[p]["delta"] - e).abs().max() / e.abs().max())
+                        for p, e in zip(params, expected))
+            checks.append(worst < 1e-5)
+        assert all(torch.isfinite(p).all() and torch.isfinite(opt.state[p]["delta"]).all() for p in params)
+        assert all_ranks_equal(params)
+    return skipped, checks
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_every_replica_skips_the_step_alike(overlap):
+    flagged_step = BAD_STEP + 1 if overlap else BAD_STEP  # overlap learns it one step later
+    for skipped, checks in run_ranks(_skip, 2, overlap):
+        assert skipped == [[1] if s == flagged_step else [] for s in range(5)]
+        assert checks and all(checks), checks
+
+
+def _stop(rank, world):
+    params = make_params()
+    opt = DeMo(params, lr=LR, nonfinite="stop")
+    opt.param_names = {id(p): f"layer{i}.weight" for i, p in enumerate(params)}
+    _grads(params, rank, 0)
+    if rank == 1:
+        params[2].grad[0, 0] = float("inf")
+    before = [p.detach().clone() for p in params]
+    try:
+        opt.step()
+    except NonFiniteGradientError as e:
+        return str(e), all(torch.equal(p, b) for p, b in zip(params, before))
+    return "no error", False
+
+
+def test_stop_raises_on_every_replica_naming_the_parameter():
+    (msg0, same0), (msg1, same1) = run_ranks(_stop, 2)
+    assert "a non-finite gradient on replica(s) [1]" in msg0 and "here in" not in msg0
+    assert "a non-finite gradient on replica(s) [1]; here in layer2.weight" in msg1
+    assert same0 and same1  # no parameter moved
+
+
+def _sharded(rank, world):
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128))
+    fully_shard(model, mesh=mesh["shard"])
+    model.set_force_sum_reduction_for_comms(True)
+    opt = DeMo(model.parameters(), lr=LR, replicate_group=mesh["replicate"].get_group())
+    model(torch.randn(4, 64, generator=torch.Generator().manual_seed(rank // 2))).square().mean().backward()
+    if rank == 1:  # replica 0, shard 1 only: the other shard of that replica never sees it
+        model[2].weight.grad.to_local()[0, 0] = float("nan")
+    before = [p.to_local().clone() for p in model.parameters()]
+    opt.step()
+    unchanged = all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before))
+    return opt.last_step_skipped_by, unchanged
+
+
+def test_one_bad_shard_skips_the_step_for_every_shard_and_replica():
+    for skipped_by, unchanged in run_ranks(_sharded, 4):
+        assert skipped_by == [0]  # replica 0 flagged it, in every shard group
+        assert unchanged
+
+
+def _diloco(rank, world, compression, encoding):
+    from flexdemo.optim.diloco import DiLoCo
+
+    params = make_params()
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, compression=compression,
+                   value_encoding=encoding, topk=8)
+    inner = torch.optim.SGD(params, lr=0.1)
+    results = []
+    for cycle in range(3):
+        outer.before_inner_step()
+        global_before = [e.global_copy.clone() for e in outer.entries]
+        ef_before = [e.error_feedback.clone() if e.error_feedback is not None else None for e in outer.entries]
+        _grads(params, rank, cycle)
+        inner.step()
+        if cycle == 1 and rank == 1:
+            with torch.no_grad():
+                params[0][5, 5] = float("nan")  # this replica's cycle blew up
+        pseudo_grads = [g - p.detach() for g, p in zip(global_before, params)]
+        outer.after_inner_step()
+        skipped = outer.last_sync_skipped
+        # Skipped: the global copy kept, every replica back on it; nothing non-finite anywhere.
+        kept = all(torch.equal(e.global_copy, g) for e, g in zip(outer.entries, global_before))
+        on_global = all(torch.equal(p, e.global_copy) for p, e in zip(params, outer.entries))
+        finite = all(torch.isfinite(e.global_copy).all() for e in outer.entries) and all(
+            torch.isfinite(p).all() for p in params)
+        ef_ok = True
+        if skipped and compression == "topk":
+            # Error feedback keeps what it had (decayed) plus this cycle's pseudo-gradient, which
+            # counts as zero where it was not finite: what it sent came back.
+            expected = [0.9 * f + (0 if rank == 1 else g) for f, g in zip(ef_before, pseudo_grads)]
+            ef_ok = all(float((e.error_feedback - x).abs().max()) <= 1e-5 * float(x.abs().max()) + 1e-12
+                        for e, x in zip(outer.entries, expected))
+        results.append((skipped, kept, on_global, finite, ef_ok, all_ranks_equal(params)))
+    return results
+
+
+@pytest.mark.parametrize("compression,encoding", [("dense", "bf16"), ("topk", "scaled_sign")])
+def test_diloco_discards_a_cycle_that_blew_up(compression, encoding):
+    for results in run_ranks(_diloco, 2, compression, encoding):
+        assert [r[0] for r in results] == [False, True, False]
+        skipped = results[1]
+        assert skipped[1] and skipped[2] and skipped[3] and skipped[4] and skipped[5]
+        assert all(r[3] and r[5] for r in results)
