@@ -10,6 +10,10 @@
 #   MASTER_ADDR  node 0's address         (default 127.0.0.1)
 #   MASTER_PORT  rendezvous port          (default 29500)
 #   LOG_RANK     local ranks whose output is shown, e.g. 0 or 0,1,2,3 (default 0)
+#   MAX_RESTARTS torchrun restarts a failed job this many times; it resumes from the last
+#                checkpoint (default 0; give every node the same value)
+#   IFNAME       bind the collectives' sockets (gloo, NCCL) to this network interface
+#   LOCAL_ADDR   the address this node announces to the rendezvous (torchrun --local-addr)
 #   LOG_DIR      also keep every local rank's full output in files under this dir
 #                (torchrun --log-dir: LOG_DIR/<run id>/attempt_0/<local rank>/stdout.log)
 #   FLEXDEMO_ASSETS  where flexdemo's embedded corpus+tokenizer are built, once, here,
@@ -32,6 +36,10 @@ NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 MASTER_PORT=${MASTER_PORT:-29500}
 LOG_RANK=${LOG_RANK:-0}
+MAX_RESTARTS=${MAX_RESTARTS:-0}
+if [[ -n "${IFNAME:-}" ]]; then
+  export GLOO_SOCKET_IFNAME="$IFNAME" NCCL_SOCKET_IFNAME="$IFNAME"
+fi
 
 # Pre-flight in ONE process: process count, config validation for the final world
 # size (a bad config fails here, once, before any rank starts), embedded assets built
@@ -50,7 +58,8 @@ if [[ -n "$FD_ASSETS" ]]; then
 fi
 
 exec torchrun \
-  --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC" \
+  --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC" --max-restarts "$MAX_RESTARTS" \
+  ${LOCAL_ADDR:+--local-addr "$LOCAL_ADDR"} \
   --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
   --local-ranks-filter "$LOG_RANK" --role rank --tee 3 ${LOG_DIR:+--log-dir "$LOG_DIR"} \
   -m flexdemo.titan.run --job.config_file "$CONFIG" "${ASSET_ARGS[@]}" "$@"
