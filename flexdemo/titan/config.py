@@ -13,6 +13,7 @@ own entry point, when torchtitan imports ``flexdemo.titan.register``).
 """
 
 # No `from __future__ import annotations`: torchtitan's config merger needs real types.
+import math
 from dataclasses import dataclass, field, fields
 from typing import Literal, get_args
 
@@ -136,8 +137,29 @@ def _fail(msg: str) -> None:
     raise FlexDemoConfigError(f"[flexdemo] config error: {msg}")
 
 
+def _check_types(c: FlexDemo) -> None:
+    """Every key of the type its field declares: TOML values reach the section unchecked."""
+    for f in fields(FlexDemo):
+        value, kind = getattr(c, f.name), f.type
+        choices = get_args(kind) if getattr(kind, "__origin__", None) is Literal else None
+        if choices is not None:
+            ok, expected = isinstance(value, str) and value in choices, f"one of {choices}"
+        elif kind is bool:
+            ok, expected = isinstance(value, bool), "true or false"
+        elif kind is int:
+            ok, expected = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            expected = "a finite number"
+        else:  # pragma: no cover - a field of a type this check does not know
+            raise TypeError(f"FlexDemo.{f.name}: no check for type {kind}")
+        if not ok:
+            _fail(f"{f.name}={value!r}; expected {expected}")
+
+
 def check_section(c: FlexDemo) -> None:
     """Checks that need only the [flexdemo] section itself."""
+    _check_types(c)
     if c.mode not in MODES:
         _fail(f"mode={c.mode!r}; expected one of {MODES}")
     if c.value_encoding not in VALUE_ENCODINGS:
