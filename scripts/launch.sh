@@ -11,7 +11,9 @@
 #   MASTER_PORT  rendezvous port          (default 29500)
 #   LOG_RANK     local ranks whose output is shown, e.g. 0 or 0,1,2,3 (default 0)
 #   MAX_RESTARTS torchrun restarts a failed job this many times; it resumes from the last
-#                checkpoint (default 0; give every node the same value)
+#                checkpoint (default 0; give every node the same value). With restarts the
+#                nodes meet through torchrun's c10d rendezvous at MASTER_ADDR:MASTER_PORT
+#                (RDZV_ID names the job, default "flexdemo"; NODE_RANK is then not used)
 #   IFNAME       bind the collectives' sockets (gloo, NCCL) to this network interface
 #   LOCAL_ADDR   the address this node announces to the rendezvous (torchrun --local-addr)
 #   LOG_DIR      also keep every local rank's full output in files under this dir
@@ -57,9 +59,19 @@ if [[ -n "$FD_ASSETS" ]]; then
   ASSET_ARGS=(--model.hf_assets_path "$FD_ASSETS")
 fi
 
+# Rendezvous: torchrun's static one keeps the workers' store for every attempt, so after a
+# restart the new ranks read the dead ranks' gloo/NCCL addresses ("Connection refused";
+# pytorch/pytorch#167288). Restarts therefore use the c10d rendezvous with a fresh workers' store
+# per round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE). Node order then follows arrival: each node
+# still holds consecutive ranks, i.e. whole replicas.
+if [[ "$MAX_RESTARTS" -gt 0 ]]; then
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+  RDZV=(--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "${RDZV_ID:-flexdemo}")
+else
+  RDZV=(--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
+fi
 exec torchrun \
-  --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC" --max-restarts "$MAX_RESTARTS" \
+  --nnodes "$NNODES" --nproc_per_node "$NPROC" --max-restarts "$MAX_RESTARTS" "${RDZV[@]}" \
   ${LOCAL_ADDR:+--local-addr "$LOCAL_ADDR"} \
-  --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
   --local-ranks-filter "$LOG_RANK" --role rank --tee 3 ${LOG_DIR:+--log-dir "$LOG_DIR"} \
   -m flexdemo.titan.run --job.config_file "$CONFIG" "${ASSET_ARGS[@]}" "$@"

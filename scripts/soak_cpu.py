@@ -16,23 +16,18 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from titan_launch import free_port, worker_pid  # noqa: E402  (shared with the kill-restart test)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEP = re.compile(r" - INFO - step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([\d.]+)GiB")
 XCHG = re.compile(r"flexdemo step:\s*(\d+)\s+sent_bytes:\s*(\d+)\s+received_bytes:\s*(\d+)")
 CHECK = re.compile(r"replicas identical at step (\d+) \(local param digest (\w+)\)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_lines(log_dir: Path, rank: int) -> list[tuple[str, str]]:
@@ -42,22 +37,6 @@ def rank_lines(log_dir: Path, rank: int) -> list[tuple[str, str]]:
         attempt = f.parts[-3]
         out += [(attempt, ANSI.sub("", line)) for line in f.read_text(errors="replace").splitlines()]
     return out
-
-
-def worker_pid(dump: Path, local_rank: int) -> int | None:
-    """The training process of ``local_rank`` of this job (its environment says which)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        # Only the workers (not torchrun, not launch.sh) carry LOCAL_RANK in their environment.
-        if "flexdemo.titan.run" in cmd and str(dump) in cmd and f"LOCAL_RANK={local_rank}".encode() in env:
-            return int(proc.name)
-    return None
 
 
 def main():

@@ -5,12 +5,14 @@ Slow (each launch pays ~1 min of imports on 2 cores); the module shares one 20-s
 demo run between the tests that only read its logs/checkpoints.
 """
 
+import os
 import shutil
+import signal
 
 import pytest
 import torch
 
-from titan_launch import CONFIGS, expected_payload_bytes, launch, load_dcp
+from titan_launch import CONFIGS, expected_payload_bytes, launch, load_dcp, worker_pid
 
 STEPS, CKPT_STEP = 20, 10
 DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
@@ -100,6 +102,39 @@ def test_demo_resume_is_bit_identical(demo_run, tmp_path, assets):
     # ... the checkpointed byte counters continued ...
     assert run.exchange(0)[STEPS] == demo_run.exchange(0)[STEPS]
     # ... and bit-identical final parameters.
+    a = load_dcp(demo_run.dump / "checkpoint" / f"step-{STEPS}")
+    b = load_dcp(dump / "checkpoint" / f"step-{STEPS}")
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+
+
+def test_killed_rank_restarts_from_checkpoint_and_ends_identical(demo_run, tmp_path, assets):
+    # SIGKILL local rank 2 (replica 1, shard 0) after it passed the step-10 checkpoint; torchrun
+    # (MAX_RESTARTS=1) restarts every rank, which resume from step 10 and end at step 20 with
+    # the uninterrupted run's parameters.
+    dump = tmp_path / "killed"
+    killed = []
+
+    def kill_rank_2(run):
+        if killed:
+            return
+        steps = [s for s in run.losses(rank=2)]
+        if steps and max(steps) >= CKPT_STEP + 2 and (pid := worker_pid(dump, 2)) is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(max(steps))
+
+    run = launch(DEMO, dump, *_demo_overrides(), assets=assets, timeout=2 * RUN_TIMEOUT,
+                 env={"MAX_RESTARTS": "1"}, while_running=kill_rank_2)
+    assert killed, "rank 2 never reached the kill point"
+    assert run.returncode == 0, run.output[-6000:]
+    attempts = {f.parts[-3] for f in run.log_dir.glob("*/attempt_*/2/stdout.log")}
+    assert attempts == {"attempt_0", "attempt_1"}, attempts
+    assert killed[0] < STEPS  # it died mid-run, not at the end
+    d, ref = run.digests(), demo_run.digests()
+    for rank in range(4):
+        assert d[(rank, STEPS)] == ref[(rank, STEPS)], (rank, d, ref)
     a = load_dcp(demo_run.dump / "checkpoint" / f"step-{STEPS}")
     b = load_dcp(dump / "checkpoint" / f"step-{STEPS}")
     assert a.keys() == b.keys() and len(a) > 0

@@ -5,6 +5,8 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,8 +68,9 @@ def free_port() -> int:
 
 
 def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeout: float,
-           nproc: int = 4) -> Run:
-    """Run scripts/launch.sh (all ranks' output kept); kill the whole group on timeout."""
+           nproc: int = 4, env: dict | None = None, while_running=None) -> Run:
+    """Run scripts/launch.sh (all ranks' output kept); kill the whole group on timeout.
+    ``while_running(run)`` is called every second until the job ends (e.g. to kill a rank)."""
     env = {
         **os.environ,
         "NPROC": str(nproc),
@@ -76,18 +79,45 @@ def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeou
         "MASTER_PORT": str(free_port()),
         "FLEXDEMO_ASSETS": str(assets),
         "OMP_NUM_THREADS": "1",
+        **(env or {}),
     }
     cmd = ["bash", str(LAUNCH), str(config), "--job.dump_folder", str(dump),
            "--metrics.disable_color_printing", *overrides]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"launch timed out after {timeout}s:\n{out[-5000:]}")
-    return Run(proc.returncode, out, dump, dump / "torchrun_logs")
+    run = Run(-1, "", dump, dump / "torchrun_logs")
+    with tempfile.TemporaryFile("w+") as console:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=console,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            if while_running is not None:
+                while_running(run)
+            time.sleep(1)
+        timed_out = proc.poll() is None
+        if timed_out:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        console.seek(0)
+        run.output = console.read()
+    if timed_out:
+        raise AssertionError(f"launch timed out after {timeout}s:\n{run.output[-5000:]}")
+    run.returncode = proc.returncode
+    return run
+
+
+def worker_pid(dump: Path, local_rank: int) -> int | None:
+    """The training process of ``local_rank`` in the job writing to ``dump`` (only the workers,
+    not torchrun or launch.sh, carry LOCAL_RANK in their environment)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if "flexdemo.titan.run" in cmd and str(dump) in cmd and f"LOCAL_RANK={local_rank}".encode() in env:
+            return int(proc.name)
+    return None
 
 
 def debugmodel_local_shapes(shard: int, shards: int = 2) -> list[tuple[int, ...]]:
