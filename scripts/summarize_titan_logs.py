@@ -10,43 +10,29 @@ counter, or the baseline's modelled all-reduce bytes) and the exchange time.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STEP = re.compile(r"\[rank0\].* - INFO - step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)")
-VALID = re.compile(r"\[rank0\].*validate step:\s*(\d+)\s+loss:\s*(\S+)")
-XCHG = re.compile(r"\[rank0\].*flexdemo step:\s*(\d+)\s+sent_bytes(?:_modelled)?:\s*(\d+)"
-                  r"\s+received_bytes(?:_modelled)?:\s*(\d+)"
-                  r"\s+sent_bytes_total(?:_modelled)?:\s*(\d+)\s+received_bytes_total(?:_modelled)?:\s*(\d+)"
-                  r".*?optimizer_step_ms:\s*([\d.]+)(?:\s+exchange_ms:\s*([\d.]+))?")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from titan_logs import parse  # noqa: E402
 
 
 def summarize(path: Path) -> dict:
-    steps, xchg, valid, modelled = {}, {}, {}, False
-    for raw in path.read_text(errors="replace").splitlines():
-        line = ANSI.sub("", raw)
-        if m := VALID.search(line):
-            valid[int(m[1])] = float(m[2])
-        elif m := STEP.search(line):
-            steps[int(m[1])] = (float(m[2]), float(m[4].replace(",", "")), float(m[3]))
-        elif m := XCHG.search(line):
-            xchg[int(m[1])] = (int(m[2]), int(m[3]), int(m[5]), float(m[6]), float(m[7]) if m[7] else None)
-            modelled = modelled or "modelled" in line
-    if not steps:
-        return {"run": path.stem, "error": "no step lines"}
-    last = max(steps)
-    tps = [t for s, (_, t, _) in steps.items() if s > 1]
-    out = {"run": path.stem, "steps": last, "final_loss": steps[last][0],
+    run = parse(path)
+    if not run.loss:
+        return {"run": run.name, "error": "no step lines"}
+    last = max(run.loss)
+    tps = [t for s, t in run.tps.items() if s > 1]
+    out = {"run": run.name, "steps": last, "final_loss": run.loss[last],
            "tokens_per_s_per_gpu": sum(tps) / len(tps) if tps else float("nan"),
-           "peak_memory_gib": max(mem for _, _, mem in steps.values())}
-    if valid:
-        out["validation_loss"] = valid[max(valid)]
-    if xchg:
-        s = xchg[max(xchg)]
-        out.update(bytes_sent_per_step=s[0], bytes_received_per_step=s[1], bytes_received_total=s[2],
-                   optimizer_step_ms=s[3], exchange_ms=s[4], bytes_modelled=modelled)
+           "peak_memory_gib": max(run.memory_gib.values())}
+    if run.validation:
+        out["validation_loss"] = run.validation[max(run.validation)]
+    if run.exchange:
+        x = run.exchange[max(run.exchange)]
+        out.update(bytes_sent_per_step=x.sent, bytes_received_per_step=x.received,
+                   bytes_received_total=x.received_total, optimizer_step_ms=x.optimizer_step_ms,
+                   exchange_ms=x.exchange_ms, bytes_modelled=run.bytes_modelled)
     return out
 
 

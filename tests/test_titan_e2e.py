@@ -8,11 +8,12 @@ demo run between the tests that only read its logs/checkpoints.
 import os
 import shutil
 import signal
+import sys
 
 import pytest
 import torch
 
-from titan_launch import CONFIGS, expected_payload_bytes, launch, load_dcp, worker_pid
+from titan_launch import CONFIGS, REPO, expected_payload_bytes, launch, load_dcp, worker_pid
 
 STEPS, CKPT_STEP = 20, 10
 DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
@@ -141,6 +142,25 @@ def test_killed_rank_restarts_from_checkpoint_and_ends_identical(demo_run, tmp_p
     for k in a:
         if isinstance(a[k], torch.Tensor):
             assert torch.equal(a[k], b[k]), k
+
+
+def test_benchmark_log_parser_reads_the_run(demo_run, tmp_path):
+    # scripts/titan_logs.py (behind the summary, shaped-link and plot scripts) reads rank 0's
+    # console as the tests' own regexes read rank 0's log file.
+    sys.path.insert(0, str(REPO / "scripts"))
+    from titan_logs import parse, seconds_per_step
+
+    console = tmp_path / "console.log"
+    console.write_text(demo_run.output)
+    run = parse(console)
+    assert run.loss == demo_run.losses(0) and len(run.loss) == STEPS
+    assert run.tokens_per_step == 4 * 2 * 128  # 4 ranks x local batch 2 x seq_len 128
+    xchg = demo_run.exchange(0)
+    assert len(run.exchange) >= 2 and not run.bytes_modelled
+    for step, x in run.exchange.items():
+        assert (x.sent, x.received, x.received_total) == (xchg[step][0], xchg[step][1], xchg[step][3])
+    assert sorted(run.step_time) == sorted(run.loss) and run.step_time[1] == 0
+    assert 0 < seconds_per_step(run) < RUN_TIMEOUT
 
 
 def test_hsdp_adamw_baseline_runs(tmp_path, assets):

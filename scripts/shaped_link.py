@@ -1,0 +1,266 @@
+"""Train every method over a REAL slow link between two "nodes" of one machine, then tabulate
+time to loss, bytes and tokens/s.  Root and pyroute2 (pip install pyroute2; no ip/tc binaries).
+
+Each node is a network namespace; a veth pair joins them, shaped with a token bucket (tbf) at
+--rate each way, and the collectives' sockets (gloo; NCCL with P2P/SHM/IB off) are bound to it,
+so the replica traffic crosses the link:
+  --device gpu: one GPU per node, 2 replicas x 1 shard (configs gpu_2gpu_*);
+  --device cpu: two gloo ranks per node, 2 replicas x 2 shards, FSDP inside the node (cpu_2x2_*).
+These kernels have no netem, so latency cannot be emulated: a labelled model adds
+(replica-link collectives per step) x --rtt-ms to each measured wall time.
+
+  python3 scripts/shaped_link.py --device gpu --rate 1gbit --steps 1000 --flavor small \
+      --methods adamw,flexdemo,flexdemo_overlap,diloco,demo_diloco --out outputs/shaped_gpu
+  python3 scripts/shaped_link.py --device cpu --rate 50mbit --steps 10 --out outputs/shaped_cpu
+
+The table covers every method logged in --out (so two calls can fill one folder) against AdamW's
+final validation loss.  AdamW on a slow link is the slow part: --adamw-link-steps N measures its step time on the link
+for N steps only; its loss curve then comes from a full run off the link (same math, same data:
+`adamw_reference`), and its time to loss is extrapolated from the measured step time (said so in
+the table).  Extra torchtitan flags after `--` go to every run.  Namespaces are removed at exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from titan_logs import parse, seconds_per_step  # noqa: E402
+
+NODES = ("fdnode0", "fdnode1")
+IFACES = ("fdlink0", "fdlink1")
+ADDRS = ("10.77.0.1", "10.77.0.2")
+CONFIGS = {  # method -> (config per device, extra flags)
+    "adamw": ({"gpu": "gpu_2gpu_ddp_adamw", "cpu": "cpu_2x2_hsdp_adamw"}, []),
+    "flexdemo": ({"gpu": "gpu_2gpu_flexdemo", "cpu": "cpu_2x2_flexdemo"}, []),
+    "flexdemo_overlap": ({"gpu": "gpu_2gpu_flexdemo", "cpu": "cpu_2x2_flexdemo"}, ["--flexdemo.overlap"]),
+    "diloco": ({"gpu": "gpu_2gpu_diloco", "cpu": "cpu_2x2_diloco"}, []),
+    "demo_diloco": ({"gpu": "gpu_2gpu_demo_diloco", "cpu": "cpu_2x2_demo_diloco"}, []),
+}
+
+
+def setup_link(rate: str) -> None:
+    from pyroute2 import IPRoute, NetNS, netns
+
+    teardown_link()
+    for ns in NODES:
+        netns.create(ns)
+    with IPRoute() as ipr:
+        ipr.link("add", ifname=IFACES[0], kind="veth", peer={"ifname": IFACES[1], "net_ns_fd": NODES[1]})
+        ipr.link("set", index=ipr.link_lookup(ifname=IFACES[0])[0], net_ns_fd=NODES[0])
+    for ns, ifname, addr in zip(NODES, IFACES, ADDRS):
+        with NetNS(ns) as n:
+            n.link("set", index=n.link_lookup(ifname="lo")[0], state="up")
+            i = n.link_lookup(ifname=ifname)[0]
+            n.addr("add", index=i, address=addr, prefixlen=24)
+            n.link("set", index=i, state="up")
+            # Token bucket: `rate` each way; a 1 MiB burst lets a 10 Gbit/s bucket refill per tick.
+            n.tc("add", "tbf", i, 0x10000, rate=rate, burst=1024 * 1024, latency="400ms")
+
+
+def teardown_link() -> None:
+    from pyroute2 import netns
+
+    for ns in NODES:
+        if ns in netns.listnetns():
+            netns.remove(ns)  # removes its end of the veth, and with it the pair
+
+
+def enter(ns: str):
+    from pyroute2 import netns
+
+    return lambda: netns.setns(ns, flags=0)  # flags=0: never create, only join
+
+
+def node_env(i: int, device: str, port: int, log_dir: Path) -> dict:
+    env = {**os.environ, "NNODES": "2", "NODE_RANK": str(i), "MASTER_ADDR": ADDRS[0], "MASTER_PORT": str(port),
+           "LOCAL_ADDR": ADDRS[i], "IFNAME": IFACES[i], "LOG_RANK": "0", "LOG_DIR": str(log_dir / f"node{i}")}
+    if device == "gpu":
+        # One GPU per node; nothing but sockets on the veth between them.
+        env.update(NPROC="1", CUDA_VISIBLE_DEVICES=str(i), NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1",
+                   NCCL_IB_DISABLE="1")
+    else:
+        env.update(NPROC="2", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    return env
+
+
+def train(name: str, config: Path, flags: list[str], out: Path, on_link: bool, device: str,
+          timeout: float) -> float:
+    """One training run (on the link: one launcher per namespace; off it: one launcher on the
+    host, same world layout); node 0's console goes to out/<name>.log. Returns its wall seconds."""
+    dump = out / "dumps" / name
+    args = ["bash", str(REPO / "scripts" / "launch.sh"), str(config), *flags, "--job.dump_folder", str(dump),
+            "--metrics.disable_color_printing"]
+    port = 29000 + (os.getpid() + len(name) * 7) % 1000
+    procs = []
+    start = time.time()
+    try:
+        if on_link:
+            for i in (1, 0):
+                log = open(out / f"{name}_node{i}.log" if i else out / f"{name}.log", "w")
+                procs.append(subprocess.Popen(args, cwd=REPO, env=node_env(i, device, port, out / "logs" / name),
+                                              stdout=log, stderr=subprocess.STDOUT, preexec_fn=enter(NODES[i]),
+                                              start_new_session=True))
+        else:
+            env = {**os.environ, "NPROC": "2" if device == "gpu" else "4", "MASTER_PORT": str(port), "LOG_RANK": "0"}
+            procs.append(subprocess.Popen(args, cwd=REPO, env=env, stdout=open(out / f"{name}.log", "w"),
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = start + timeout
+        while any(p.poll() is None for p in procs) and time.time() < deadline:
+            time.sleep(1)
+            if any(p.returncode not in (None, 0) for p in procs):
+                break  # one node failed: don't wait for the other to time out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    codes = [p.returncode for p in procs]
+    print(f"=== {name}: exit {codes}, {time.time() - start:.0f} s", flush=True)
+    return time.time() - start
+
+
+def collectives_per_step(method: str, sync_interval: int, log_freq: int, adamw_buckets: int) -> float:
+    """Replica-link collectives on the critical path per step (the latency model's count):
+    AdamW: its gradient buckets + the stock trainer's token-count all-reduce; flexdemo per-step:
+    one all_gather (overlap: still one, counted as not hidden); diloco: all_to_all + all_gather
+    per sync, demo_diloco: one all_gather per sync; everyone: the logged loss's two all-reduces
+    every log_freq steps."""
+    per = {"adamw": adamw_buckets + 1, "flexdemo": 1, "flexdemo_overlap": 1,
+           "diloco": 2 / sync_interval, "demo_diloco": 1 / sync_interval}[method]
+    return per + 2 / log_freq
+
+
+def first_reach(run, target: float) -> tuple[int, float] | None:
+    """(step, seconds after step 1) of the first validation at or below ``target``."""
+    for s in sorted(run.validation):
+        if run.validation[s] <= target:
+            return s, run.validation_time.get(s, math.nan)
+    return None
+
+
+def table(out: Path, args) -> str:
+    """Every method with a log in ``out`` (several calls may fill one folder), against AdamW."""
+    runs = {m: parse(out / f"{m}.log", m) for m in CONFIGS if (out / f"{m}.log").is_file()}
+    if "adamw" not in runs:
+        return f"no adamw.log in {out}: nothing to time the methods against\n"
+    ref = runs["adamw"]
+    if (out / "adamw_reference.log").is_file():
+        ref = parse(out / "adamw_reference.log", "adamw_reference")
+    if not ref.validation:
+        return "no validation loss from AdamW: nothing to compare against\n"
+    target = ref.validation[max(ref.validation)]
+    rows, results = [], {}
+    for m, run in runs.items():
+        sps = seconds_per_step(run)
+        coll = collectives_per_step(m, args.sync_interval, args.log_freq, args.adamw_buckets)
+        rtt_s = args.rtt_ms / 1000
+        curve = ref if m == "adamw" and ref is not run else run
+        hit = first_reach(curve, target)
+        if hit and curve is ref and ref is not run:
+            t_hit, how = hit[0] * sps, f"extrapolated: {hit[0]} steps x {sps:.3f} s measured on the link"
+        elif hit:
+            t_hit, how = hit[1], "measured"
+        else:
+            t_hit, how = math.nan, "not reached"
+        t_model = t_hit + (hit[0] if hit else 0) * coll * rtt_s
+        last_x = run.exchange[max(run.exchange)] if run.exchange else None
+        final_val = curve.validation[max(curve.validation)] if curve.validation else math.nan
+        results[m] = dict(steps=max(run.loss, default=0), seconds_per_step=sps, validation_loss=final_val,
+                          reached_at_step=hit[0] if hit else None, seconds_to_target=t_hit, how=how,
+                          seconds_to_target_with_rtt=t_model, collectives_per_step=coll,
+                          tokens_per_s_per_gpu=run.tps and sum(v for s, v in run.tps.items() if s > 1)
+                          / max(1, len([s for s in run.tps if s > 1])),
+                          bytes_received_total=last_x.received_total if last_x else None,
+                          bytes_modelled=run.bytes_modelled)
+    base = results["adamw"]["seconds_to_target_with_rtt"]  # AdamW's own time to its final loss
+    dense = results.get("diloco", {}).get("seconds_to_target_with_rtt", math.nan)
+    rows.append(f"target: AdamW's final validation loss {target:.4f} (step {max(ref.validation)}); "
+                f"link {args.rate} tbf, modelled RTT {args.rtt_ms} ms\n")
+    rows.append("| method | steps run | val loss (last) | reached at step | s to target, measured | "
+                "+ RTT model | speed-up vs AdamW | vs diloco | tokens/s/GPU | s/step | bytes received per rank, "
+                "whole run | how |")
+    rows.append("|" + "---|" * 12)
+
+    def num(x, fmt):
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+    for m, r in results.items():
+        t = r["seconds_to_target_with_rtt"]
+        rows.append(f"| {m} | {r['steps']} | {num(r['validation_loss'], '.4f')} | {num(r['reached_at_step'], 'd')} | "
+                    f"{num(r['seconds_to_target'], '.1f')} | {num(t, '.1f')} | {num(base / t, '.1f')}{'x' * (t == t)} | "
+                    f"{num(dense / t, '.2f')}{'x' * (dense == dense and t == t)} | {num(r['tokens_per_s_per_gpu'], ',.0f')} | "
+                    f"{num(r['seconds_per_step'], '.3f')} | {num(r['bytes_received_total'], ',')}"
+                    f"{' (modelled)' if r['bytes_modelled'] else ''} | {r['how']} |")
+    (out / "results.json").write_text(json.dumps({"target": target, "args": vars(args), "methods": results}, indent=1))
+    return "\n".join(rows) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
+    ap.add_argument("--rate", default="1gbit", help="tbf rate each way, e.g. 1gbit, 10gbit, 50mbit")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--methods", default="adamw,flexdemo,flexdemo_overlap,diloco,demo_diloco")
+    ap.add_argument("--adamw-link-steps", type=int, default=0, help="0: AdamW runs all steps on the link")
+    ap.add_argument("--flavor", default=None, help="model flavor (default: the config's)")
+    ap.add_argument("--sync-interval", type=int, default=50, help="H of diloco / demo_diloco")
+    ap.add_argument("--val-freq", type=int, default=100)
+    ap.add_argument("--log-freq", type=int, default=10)
+    ap.add_argument("--rtt-ms", type=float, default=20.0)
+    ap.add_argument("--adamw-buckets", type=int, default=4,
+                    help="AdamW's gradient all-reduces per step, for the RTT model (DDP: grad bytes / 100 MB)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    ap.add_argument("--out", default=None)
+    args, extra = ap.parse_known_args()
+    extra = [a for a in extra if a != "--"]
+    methods = args.methods.split(",")
+    if unknown := [m for m in methods if m not in CONFIGS]:
+        ap.error(f"unknown methods {unknown}; choose from {list(CONFIGS)}")
+    if os.geteuid() != 0:
+        ap.error("needs root (network namespaces)")
+    out = Path(args.out or f"outputs/shaped_{args.device}_{args.rate}").absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    link_steps = args.adamw_link_steps or args.steps
+    common = ["--metrics.log_freq", str(args.log_freq), "--validation.enable", "--validation.freq",
+              str(args.val_freq)]
+    if args.device == "cpu":  # the CPU configs name no validation set: the embedded corpus's held-out split
+        common += ["--validation.dataset", "flexdemo_stdlib_validation", "--validation.local_batch_size", "2",
+                   "--validation.seq_len", "128", "--validation.steps", "4"]
+    if args.flavor:
+        common += ["--model.flavor", args.flavor]
+    (out / "command.txt").write_text(" ".join(sys.argv) + "\n")
+    # A timeout's SIGTERM must still remove the namespaces (the `finally` below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    setup_link(args.rate)
+    try:
+        for m in methods:
+            names, flags = CONFIGS[m]
+            config = REPO / "train_configs" / f"{names[args.device]}.toml"
+            run_flags = [*common, *flags, *extra]
+            if m.endswith("diloco"):
+                run_flags += ["--flexdemo.sync_interval", str(args.sync_interval)]
+            steps = ["--training.steps", str(args.steps)]
+            if m == "adamw" and link_steps < args.steps:
+                train("adamw_reference", config, [*run_flags, *steps], out, False, args.device, args.timeout)
+                steps = ["--training.steps", str(link_steps)]
+            train(m, config, [*run_flags, *steps], out, True, args.device, args.timeout)
+    finally:
+        teardown_link()
+    summary = table(out, args)
+    (out / "summary.md").write_text(summary)
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Read a torchtitan + flexdemo console log (rank 0's lines) into per-step series.
+
+Shared by summarize_titan_logs.py, shaped_link.py and plot_runs.py. Times are the logger's
+timestamps (seconds since the first training step's line), so loss can be put against wall time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+STAMP = re.compile(r"\[rank0\]:\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+STEP = re.compile(r"\[rank0\].* - INFO - step:\s*(\d+)\s+loss:\s*(\S+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+)")
+VALID = re.compile(r"\[rank0\].*validate step:\s*(\d+)\s+loss:\s*(\S+)")
+XCHG = re.compile(r"\[rank0\].*flexdemo step:\s*(\d+)\s+sent_bytes(?:_modelled)?:\s*(\d+)"
+                  r"\s+received_bytes(?:_modelled)?:\s*(\d+)"
+                  r"\s+sent_bytes_total(?:_modelled)?:\s*(\d+)\s+received_bytes_total(?:_modelled)?:\s*(\d+)"
+                  r".*?optimizer_step_ms:\s*([\d.]+)(?:\s+exchange_ms:\s*([\d.]+))?")
+BATCH = re.compile(r"\[rank0\].*global batch size (\d+), .*?sequence length (\d+)")
+
+
+@dataclass
+class Exchange:
+    sent: int
+    received: int
+    received_total: int
+    optimizer_step_ms: float
+    exchange_ms: float | None
+
+
+@dataclass
+class RunLog:
+    name: str
+    tokens_per_step: int | None = None  # global batch x sequence length
+    loss: dict[int, float] = field(default_factory=dict)
+    tps: dict[int, float] = field(default_factory=dict)  # tokens/s per GPU, as torchtitan logs it
+    memory_gib: dict[int, float] = field(default_factory=dict)
+    step_time: dict[int, float] = field(default_factory=dict)  # seconds after step 1's line
+    validation: dict[int, float] = field(default_factory=dict)
+    validation_time: dict[int, float] = field(default_factory=dict)
+    exchange: dict[int, Exchange] = field(default_factory=dict)
+    bytes_modelled: bool = False
+
+
+def _stamp(line: str) -> float | None:
+    m = STAMP.search(line)
+    return datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
+
+
+def parse(path: str | Path, name: str | None = None) -> RunLog:
+    path = Path(path)
+    run = RunLog(name or path.stem)
+    times, vtimes = {}, {}
+    for raw in path.read_text(errors="replace").splitlines():
+        line = ANSI.sub("", raw)
+        if m := VALID.search(line):
+            run.validation[int(m[1])] = float(m[2])
+            vtimes[int(m[1])] = _stamp(line)
+        elif m := STEP.search(line):
+            s = int(m[1])
+            run.loss[s], run.memory_gib[s] = float(m[2]), float(m[3])
+            run.tps[s] = float(m[4].replace(",", ""))
+            times[s] = _stamp(line)
+        elif m := XCHG.search(line):
+            run.exchange[int(m[1])] = Exchange(int(m[2]), int(m[3]), int(m[5]), float(m[6]),
+                                               float(m[7]) if m[7] else None)
+            run.bytes_modelled = run.bytes_modelled or "modelled" in line
+        elif (m := BATCH.search(line)) and run.tokens_per_step is None:
+            run.tokens_per_step = int(m[1]) * int(m[2])
+    t0 = times.get(min(times)) if times else None
+    if t0 is not None:
+        run.step_time = {s: t - t0 for s, t in times.items() if t is not None}
+        run.validation_time = {s: t - t0 for s, t in vtimes.items() if t is not None}
+    return run
+
+
+def seconds_per_step(run: RunLog) -> float:
+    """Mean wall time of one step after the first (compile, warm-up), validation included."""
+    if len(run.step_time) < 2:
+        return float("nan")
+    first, last = min(run.step_time), max(run.step_time)
+    return (run.step_time[last] - run.step_time[first]) / (last - first)
