@@ -56,6 +56,22 @@ def test_fused_path_matches_torch_path(encoding):
         torch.testing.assert_close(a["delta"], b["delta"], atol=1e-4, rtol=1e-4)
 
 
+def test_topk_above_the_kernels_limit_takes_the_torch_path():
+    # The fused mean decode holds [64, K] one-hot tiles: past MAX_TOPK it stalls on GPUs, so
+    # such buckets use the torch path (and still train: the step below runs it).
+    from flexdemo import DeMo
+    from flexdemo.kernels import MAX_TOPK
+
+    for k, fused in ((MAX_TOPK, True), (MAX_TOPK + 1, False)):
+        p = torch.randn(64, 64, generator=torch.Generator().manual_seed(k), requires_grad=True)
+        opt = DeMo([p], lr=0.01, compression_topk=k, fused=True)
+        assert opt.compressor.uses_fused_kernels == fused, k
+        before = p.detach().clone()
+        p.grad = torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
+        opt.step()
+        assert not torch.equal(p.detach(), before)
+
+
 def _replicas(rank, world):
     params, _ = _run(True, 3, rank=rank)
     flat = torch.cat([p.detach().reshape(-1) for p in params])

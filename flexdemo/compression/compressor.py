@@ -111,7 +111,7 @@ class TopkCompressor:
         self.nbytes = coefficient_bytes + FLAG_BYTES  # the flag byte ends each payload
         for b in self.buckets:
             b.fused = fused and all(
-                fused_supported(m.layout, local_tensor(m.param).device, m.param.dtype)
+                fused_supported(m.layout, local_tensor(m.param).device, m.param.dtype, b.k)
                 and local_tensor(m.param).is_contiguous()
                 for m in b.members
             )

@@ -6,7 +6,7 @@ streams); ``tables`` holds the glue of grouped (multi-tensor) launches and ``com
 they all share. Results are tested against the torch path in Triton's CPU interpreter.
 """
 
-from flexdemo.kernels.common import HAVE_TRITON, INTERPRET, MAX_BLOCK, fused_supported, triton_cache_dir
+from flexdemo.kernels.common import HAVE_TRITON, INTERPRET, MAX_BLOCK, MAX_TOPK, fused_supported, triton_cache_dir
 from flexdemo.kernels.decode import (
     fused_decode_update,
     fused_mean_decode_many,
@@ -21,6 +21,7 @@ __all__ = [
     "HAVE_TRITON",
     "INTERPRET",
     "MAX_BLOCK",
+    "MAX_TOPK",
     "fused_supported",
     "triton_cache_dir",
     "fused_encode",

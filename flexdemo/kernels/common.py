@@ -29,6 +29,10 @@ except Exception:  # pragma: no cover - triton is a dependency, but keep the tor
     HAVE_TRITON = False
 
 MAX_BLOCK = 64  # one 64x64 fp32 block is 32 registers per thread at 4 warps; larger would spill
+# The mean decode densifies each replica's K coefficients by one-hot products of [64, K] tiles:
+# K = 256 runs (measured on H100), K = 1024 did not finish its first decode in 2 minutes on an
+# H200. Larger K takes the torch path.
+MAX_TOPK = 256
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -50,14 +54,18 @@ def pow2_at_least(n: int, floor: int = 16) -> int:
     return p
 
 
-def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torch.dtype = torch.float32) -> bool:
+def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torch.dtype = torch.float32,
+                    topk: int | None = None) -> bool:
     """Whether the fused kernels handle this layout on this device (else use the torch path).
 
     Needs a tensor with at least 2 dims (``[..., R, C]``, leading dims folded into rows),
-    blocks of at most 64 x 64, fp32 data, and a CUDA device (or CPU under ``TRITON_INTERPRET=1``).
+    blocks of at most 64 x 64, at most MAX_TOPK coefficients kept per block, fp32 data, and a
+    CUDA device (or CPU under ``TRITON_INTERPRET=1``).
     """
     device = torch.device(device)
     if not HAVE_TRITON or dtype != torch.float32:
+        return False
+    if topk is not None and topk > MAX_TOPK:
         return False
     if device.type != "cuda" and not (device.type == "cpu" and INTERPRET):
         return False
