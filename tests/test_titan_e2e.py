@@ -87,6 +87,15 @@ def _meta_params():
         return list(Transformer(llama3_args["debugmodel"]).parameters())
 
 
+def _assert_same_checkpoint(dump_a, dump_b, step):
+    a = load_dcp(dump_a / "checkpoint" / f"step-{step}")
+    b = load_dcp(dump_b / "checkpoint" / f"step-{step}")
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+
+
 def test_demo_resume_is_bit_identical(demo_run, tmp_path, assets):
     # Restart from the step-10 checkpoint of the 20-step run and train to 20 again.
     src = demo_run.dump / "checkpoint" / f"step-{CKPT_STEP}"
@@ -103,12 +112,7 @@ def test_demo_resume_is_bit_identical(demo_run, tmp_path, assets):
     # ... the checkpointed byte counters continued ...
     assert run.exchange(0)[STEPS] == demo_run.exchange(0)[STEPS]
     # ... and bit-identical final parameters.
-    a = load_dcp(demo_run.dump / "checkpoint" / f"step-{STEPS}")
-    b = load_dcp(dump / "checkpoint" / f"step-{STEPS}")
-    assert a.keys() == b.keys() and len(a) > 0
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert torch.equal(a[k], b[k]), k
+    _assert_same_checkpoint(demo_run.dump, dump, STEPS)
 
 
 def test_killed_rank_restarts_from_checkpoint_and_ends_identical(demo_run, tmp_path, assets):
@@ -121,7 +125,7 @@ def test_killed_rank_restarts_from_checkpoint_and_ends_identical(demo_run, tmp_p
     def kill_rank_2(run):
         if killed:
             return
-        steps = [s for s in run.losses(rank=2)]
+        steps = list(run.losses(rank=2))
         if steps and max(steps) >= CKPT_STEP + 2 and (pid := worker_pid(dump, 2)) is not None:
             os.kill(pid, signal.SIGKILL)
             killed.append(max(steps))
@@ -136,12 +140,7 @@ def test_killed_rank_restarts_from_checkpoint_and_ends_identical(demo_run, tmp_p
     d, ref = run.digests(), demo_run.digests()
     for rank in range(4):
         assert d[(rank, STEPS)] == ref[(rank, STEPS)], (rank, d, ref)
-    a = load_dcp(demo_run.dump / "checkpoint" / f"step-{STEPS}")
-    b = load_dcp(dump / "checkpoint" / f"step-{STEPS}")
-    assert a.keys() == b.keys() and len(a) > 0
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert torch.equal(a[k], b[k]), k
+    _assert_same_checkpoint(demo_run.dump, dump, STEPS)
 
 
 def test_benchmark_log_parser_reads_the_run(demo_run, tmp_path):
