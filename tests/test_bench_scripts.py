@@ -1,0 +1,75 @@
+"""The shaped-link script's time-to-loss arithmetic, on hand-written logs whose answers are worked
+out here (no training: the scripts' real runs are recorded in docs/benchmarks.md)."""
+
+import argparse
+import json
+import sys
+from datetime import datetime, timedelta
+
+import pytest
+
+from titan_launch import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import shaped_link  # noqa: E402
+
+T0 = datetime(2026, 11, 26, 11, 0, 0)
+
+
+def _line(seconds: float, text: str) -> str:
+    stamp = (T0 + timedelta(seconds=seconds)).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+    return f"[rank0]:[titan] {stamp} - root - INFO - {text}"
+
+
+def _log(path, step_seconds, validation, bytes_per_step=0, modelled=False, steps=20):
+    """step s logged at step_seconds(s); validation {step: loss} logged 0.1 s after its step."""
+    suffix = "_modelled" if modelled else ""
+    lines = [_line(0, "Trainer is initialized with local batch size 4, global batch size 8, gradient "
+                      "accumulation steps 1, sequence length 16, total steps 20 (warmup 1)")]
+    for s in range(1, steps + 1):
+        t = step_seconds(s)
+        lines.append(_line(t, f"step: {s:2d}  loss:  7.0  grad_norm:  1.0  memory:  1.00GiB(1.00%)  "
+                              "tps: 1,000  tflops: 0.1  mfu: 0.01%"))
+        lines.append(_line(t, f"flexdemo step: {s:2d}  sent_bytes{suffix}: {bytes_per_step}  received_bytes"
+                              f"{suffix}: {bytes_per_step}  sent_bytes_total{suffix}: {s * bytes_per_step}  "
+                              f"received_bytes_total{suffix}: {s * bytes_per_step}  optimizer_step_ms: 1.0"))
+        if s in validation:
+            lines.append(_line(t + 0.1, f"validate step: {s:2d}  loss:  {validation[s]}  memory:  1.00GiB(1.00%)"))
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def results(tmp_path):
+    # AdamW: its loss curve from a 20-step run off the link (final validation 5.0 = the target),
+    # its step time from 3 steps on the link: steps 1..3 at 10, 12, 14 s -> 2 s per step.
+    _log(tmp_path / "adamw_reference.log", lambda s: 0.1 * s, {10: 6.0, 20: 5.0}, 100, modelled=True)
+    _log(tmp_path / "adamw.log", lambda s: 10 + 2.0 * (s - 1), {}, 100, modelled=True, steps=3)
+    # FlexDeMo: a step every 0.5 s; validation 4.9 at step 10, logged at 4.5 + 0.1 s.
+    _log(tmp_path / "flexdemo.log", lambda s: 0.5 * (s - 1), {10: 4.9, 20: 4.5}, 7)
+    # demo_diloco never gets to 5.0.
+    _log(tmp_path / "demo_diloco.log", lambda s: 0.25 * (s - 1), {10: 5.5, 20: 5.01}, 3)
+    args = argparse.Namespace(sync_interval=5, log_freq=1, adamw_buckets=4, rtt_ms=20.0, rate="1gbit", steps=20)
+    table = shaped_link.table(tmp_path, args)
+    return table, json.loads((tmp_path / "results.json").read_text())
+
+
+def test_time_to_adamw_final_loss(results):
+    table, res = results
+    assert res["target"] == 5.0
+    m = res["methods"]
+    # AdamW: 20 steps x 2 s measured on the link; the RTT model adds 20 steps x (4 buckets + the
+    # token count + 2 logging all-reduces per step) x 20 ms = 2.8 s.
+    assert m["adamw"]["reached_at_step"] == 20
+    assert m["adamw"]["seconds_per_step"] == pytest.approx(2.0)
+    assert m["adamw"]["seconds_to_target"] == pytest.approx(40.0)
+    assert m["adamw"]["seconds_to_target_with_rtt"] == pytest.approx(42.8)
+    assert m["adamw"]["how"].startswith("extrapolated")
+    # FlexDeMo: first at or below 5.0 at step 10, 4.6 s after step 1; + 10 x (1 + 2) x 20 ms.
+    assert m["flexdemo"]["reached_at_step"] == 10
+    assert m["flexdemo"]["seconds_to_target"] == pytest.approx(4.6)
+    assert m["flexdemo"]["seconds_to_target_with_rtt"] == pytest.approx(5.2)
+    assert m["flexdemo"]["bytes_received_total"] == 20 * 7
+    assert m["demo_diloco"]["reached_at_step"] is None and m["demo_diloco"]["how"] == "not reached"
+    # The table's speed-up column: 42.8 / 5.2.
+    row = next(line for line in table.splitlines() if line.startswith("| flexdemo |"))
+    assert f"{42.8 / 5.2:.1f}x" in row
