@@ -11,16 +11,13 @@ from torch.distributed.fsdp import fully_shard
 from flexdemo import DeMo
 from flexdemo.optim.demo import NonFiniteGradientError
 from multiproc import run_ranks
-from toy_problem import INPUT_NUMEL, all_ranks_equal, loss, make_params
+from toy_problem import all_ranks_equal, backward_on, make_params
 
 LR, WD, DECAY, BAD_STEP = 0.01, 0.1, 0.9, 2
 
 
 def _grads(params, rank, step):
-    x = torch.randn(INPUT_NUMEL, generator=torch.Generator().manual_seed(100 * rank + step))
-    for p in params:
-        p.grad = None
-    loss(params, x).backward()
+    backward_on(params, 100 * rank + step)
 
 
 def _skip(rank, world, overlap):

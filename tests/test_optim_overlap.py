@@ -7,7 +7,7 @@ import torch
 from flexdemo import DeMo
 from multiproc import run_ranks
 from reference_demo import ReferenceDeMo, differs_only_where_update_is_zero
-from toy_problem import INPUT_NUMEL, all_ranks_equal, loss, make_params
+from toy_problem import all_ranks_equal, backward_on, make_params
 
 KW = dict(lr=0.01, decay=0.9, topk=8, chunk=64, weight_decay=0.1)
 
@@ -19,10 +19,7 @@ def _demo(params, overlap=True):
 
 
 def _grads(params, rank, step):
-    x = torch.randn(INPUT_NUMEL, generator=torch.Generator().manual_seed(1000 * rank + step))
-    for p in params:
-        p.grad = None
-    loss(params, x).backward()
+    backward_on(params, 1000 * rank + step)
 
 
 def _against_delayed_reference(rank, world, steps):

@@ -22,6 +22,14 @@ def loss(params, x):
     return total
 
 
+def backward_on(params, seed):
+    """Fresh gradients of ``loss`` on an input drawn from ``seed`` (old grads dropped)."""
+    x = torch.randn(INPUT_NUMEL, generator=torch.Generator().manual_seed(seed))
+    for p in params:
+        p.grad = None
+    loss(params, x).backward()
+
+
 def all_ranks_equal(tensors):
     """True iff every rank holds exactly the same tensors."""
     flat = torch.cat([t.detach().reshape(-1) for t in tensors])
