@@ -34,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from titan_logs import parse, seconds_per_step  # noqa: E402
+from titan_logs import mean_tokens_per_s, parse, seconds_per_step  # noqa: E402
 
 NODES = ("fdnode0", "fdnode1")
 IFACES = ("fdlink0", "fdlink1")
@@ -178,8 +178,7 @@ def table(out: Path, args) -> str:
         results[m] = dict(steps=max(run.loss, default=0), seconds_per_step=sps, validation_loss=final_val,
                           reached_at_step=hit[0] if hit else None, seconds_to_target=t_hit, how=how,
                           seconds_to_target_with_rtt=t_model, collectives_per_step=coll,
-                          tokens_per_s_per_gpu=run.tps and sum(v for s, v in run.tps.items() if s > 1)
-                          / max(1, len([s for s in run.tps if s > 1])),
+                          tokens_per_s_per_gpu=mean_tokens_per_s(run),
                           bytes_received_total=last_x.received_total if last_x else None,
                           bytes_modelled=run.bytes_modelled)
     base = results["adamw"]["seconds_to_target_with_rtt"]  # AdamW's own time to its final loss

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from titan_logs import parse  # noqa: E402
+from titan_logs import mean_tokens_per_s, parse  # noqa: E402
 
 
 def summarize(path: Path) -> dict:
@@ -22,9 +22,8 @@ def summarize(path: Path) -> dict:
     if not run.loss:
         return {"run": run.name, "error": "no step lines"}
     last = max(run.loss)
-    tps = [t for s, t in run.tps.items() if s > 1]
     out = {"run": run.name, "steps": last, "final_loss": run.loss[last],
-           "tokens_per_s_per_gpu": sum(tps) / len(tps) if tps else float("nan"),
+           "tokens_per_s_per_gpu": mean_tokens_per_s(run),
            "peak_memory_gib": max(run.memory_gib.values())}
     if run.validation:
         out["validation_loss"] = run.validation[max(run.validation)]

@@ -83,3 +83,9 @@ def seconds_per_step(run: RunLog) -> float:
         return float("nan")
     first, last = min(run.step_time), max(run.step_time)
     return (run.step_time[last] - run.step_time[first]) / (last - first)
+
+
+def mean_tokens_per_s(run: RunLog) -> float:
+    """Mean of torchtitan's logged tokens/s per GPU after the first step (compile, warm-up)."""
+    tps = [t for s, t in run.tps.items() if s > 1]
+    return sum(tps) / len(tps) if tps else float("nan")
