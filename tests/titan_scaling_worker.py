@@ -8,7 +8,6 @@ replica-mean gradient, as single-replica training would.
 """
 
 import os
-import sys
 
 from flexdemo.titan import cpu_shim
 
@@ -95,4 +94,7 @@ for name, p in model.named_parameters():
     worst = max(worst, ((g - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item())
 print(f"rank {dist.get_rank()} worst relative error {worst:.3e}", flush=True)
 dist.destroy_process_group()
-sys.exit(0 if worst < 1e-4 else 1)
+# os._exit, not sys.exit: once in a while (1 CI run of 4 here) a gloo thread still joinable at
+# interpreter teardown aborts the process ("terminate called without an active exception", exit
+# -6) after the result above was printed; the verdict is this exit code either way.
+os._exit(0 if worst < 1e-4 else 1)
