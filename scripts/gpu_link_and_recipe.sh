@@ -4,7 +4,7 @@
 #      into /tmp/$NAME/link (capped at LINK_TIMEOUT s);
 #   2. scripts/run_variants.py runs the recipe variants listed one per line in VARIANTS_FILE
 #      (NAME CONFIG flags...), CONCURRENT at a time, off the link, into /tmp/$NAME/variants
-#      (capped at VARIANT_TIMEOUT s each).
+#      (capped at VARIANT_TIMEOUT s each; DEVICES_PER_JOB > 0 gives each job its own GPUs).
 #   LINK_METHODS=diloco,flexdemo_overlap VARIANTS_FILE=scripts/recipe_small.txt \
 #     bash scripts/gpu_link_and_recipe.sh
 set -uo pipefail
@@ -22,8 +22,8 @@ fi
 if [[ -n "${VARIANTS_FILE:-}" ]]; then
   mapfile -t VARIANTS < <(grep -v '^\s*#' "$VARIANTS_FILE" | grep -v '^\s*$')
   timeout "${VARIANTS_TOTAL_TIMEOUT:-300}" python3 scripts/run_variants.py --out "$RES/variants" \
-    --concurrent "${CONCURRENT:-2}" --timeout "${VARIANT_TIMEOUT:-280}" \
-    --common "--model.flavor $FLAVOR --training.steps $STEPS --validation.freq 100" "${VARIANTS[@]}" \
+    --concurrent "${CONCURRENT:-2}" --timeout "${VARIANT_TIMEOUT:-280}" --devices-per-job "${DEVICES_PER_JOB:-0}" \
+    --common "--model.flavor $FLAVOR --training.steps $STEPS --validation.freq ${VAL_FREQ:-100}" "${VARIANTS[@]}" \
     2>&1 | tail -12
 fi
 tar czf "$OUT_DIR/$NAME.tgz" --exclude dumps -C /tmp "$NAME"

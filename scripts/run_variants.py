@@ -7,7 +7,9 @@ devices) and tabulate their held-out validation losses: the convergence-recipe s
       "adamw_lr3e-3 gpu_2gpu_ddp_adamw --optimizer.lr 3e-3"
 
 Each variant is "NAME CONFIG [torchtitan flags...]" (CONFIG: a file in train_configs/, without
-.toml).  Jobs that share devices run slower, so compare their losses, not their speed.  Logs
+.toml).  Jobs that share devices run slower, so compare their losses, not their speed; with
+--devices-per-job N each job gets N GPUs of its own (CUDA_VISIBLE_DEVICES), e.g. two 2-GPU jobs
+on a 4-GPU machine, and its tokens/s stand on their own.  Logs
 go to OUT/NAME.log as they are written; OUT/variants.md gets the table.
 """
 
@@ -24,7 +26,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+from summarize_titan_logs import validation_table  # noqa: E402
 from titan_logs import parse  # noqa: E402
+
+
+def device_slots(per_job: int) -> list[str]:
+    """The visible GPUs in disjoint groups of ``per_job``, as CUDA_VISIBLE_DEVICES strings."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+        ids = [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
+    return [",".join(ids[i:i + per_job]) for i in range(0, len(ids) - per_job + 1, per_job)]
 
 
 def main() -> int:
@@ -35,7 +49,13 @@ def main() -> int:
     ap.add_argument("--concurrent", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per variant")
     ap.add_argument("--nproc", default=None, help="processes per job (default: launch.sh's)")
+    ap.add_argument("--devices-per-job", type=int, default=0,
+                    help="give each job this many GPUs of its own (0: every job sees every GPU)")
     args = ap.parse_args()
+    slots = device_slots(args.devices_per_job) if args.devices_per_job else []
+    if args.devices_per_job and args.concurrent > len(slots):
+        ap.error(f"--concurrent {args.concurrent} needs {args.concurrent * args.devices_per_job} GPUs; "
+                 f"{len(slots) * args.devices_per_job} visible")
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     todo = []
@@ -45,7 +65,7 @@ def main() -> int:
         if not cfg.is_file():
             ap.error(f"variant {name}: no {cfg}")
         todo.append((name, cfg, [*shlex.split(args.common), *flags]))
-    running: list[tuple[str, subprocess.Popen, float]] = []
+    running: list[tuple[str, subprocess.Popen, float, str | None]] = []
     port = 29600
     while todo or running:
         while todo and len(running) < args.concurrent:
@@ -54,15 +74,19 @@ def main() -> int:
             env = {**os.environ, "MASTER_PORT": str(port), "LOG_RANK": "0"}
             if args.nproc:
                 env["NPROC"] = args.nproc
+            slot = None
+            if slots:
+                slot = next(s for s in slots if s not in {r[3] for r in running})
+                env["CUDA_VISIBLE_DEVICES"] = slot
             cmd = ["bash", str(REPO / "scripts" / "launch.sh"), str(cfg), *flags,
                    "--job.dump_folder", f"/tmp/variants/{name}", "--metrics.disable_color_printing"]
             (out / f"{name}.cmd").write_text(shlex.join(cmd) + "\n")
             p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(out / f"{name}.log", "w"),
                                  stderr=subprocess.STDOUT, start_new_session=True)
-            running.append((name, p, time.time()))
+            running.append((name, p, time.time(), slot))
         time.sleep(2)
         for item in list(running):
-            name, p, start = item
+            name, p, start, _ = item
             if p.poll() is None and time.time() - start > args.timeout:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
@@ -71,12 +95,7 @@ def main() -> int:
                 running.remove(item)
                 print(f"=== {name}: exit {p.returncode}, {time.time() - start:.0f} s", flush=True)
     rows = [parse(out / f"{shlex.split(s)[0]}.log") for s in args.variants]
-    steps = sorted({s for r in rows for s in r.validation})
-    lines = ["| variant | " + " | ".join(f"val @{s}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
-    for r in rows:
-        lines.append(f"| {r.name} | " + " | ".join(f"{r.validation[s]:.4f}" if s in r.validation else "-"
-                                                 for s in steps) + " |")
-    table = "\n".join(lines) + "\n"
+    table = validation_table(rows)
     (out / "variants.md").write_text(table)
     print(table)
     return 0

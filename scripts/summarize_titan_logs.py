@@ -1,15 +1,21 @@
 """Summarize torchtitan logs of flexdemo / baseline runs as a markdown table.
 
   python scripts/summarize_titan_logs.py outputs/titan_bench/*.log
+  python scripts/summarize_titan_logs.py --validation --baseline adamw --fewer-bytes-than diloco LOG...
 
 Per log (rank 0's lines): final loss, mean tokens/s per GPU over the logged steps after the
 first (compile and warm-up), the last validation loss, torchtitan's peak memory, bytes each rank sends and receives over
 the replica dimension at the last logged step and received in total (flexdemo's measured
 counter, or the baseline's modelled all-reduce bytes) and the exchange time.
+
+--validation: one row per run with its held-out loss at every validated step, bytes received in
+total and mean tokens/s per GPU; --baseline NAME adds the final held-out loss relative to that
+run's, and each --fewer-bytes-than NAME how many times fewer bytes than that run's each run received.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -35,8 +41,57 @@ def summarize(path: Path) -> dict:
     return out
 
 
-def main(paths):
-    rows = [summarize(Path(p)) for p in paths]
+def _bytes_total(run) -> int | None:
+    return run.exchange[max(run.exchange)].received_total if run.exchange else None
+
+
+def validation_table(runs: list, baseline: str | None = None, fewer_bytes_than: tuple[str, ...] = ()) -> str:
+    """Markdown: each run's held-out loss at every validated step, bytes it received over the
+    replica dimension in total (measured, or modelled for the baselines), mean tokens/s per GPU,
+    and optionally its final held-out loss against ``baseline``'s and its bytes against others'."""
+    by_name = {r.name: r for r in runs}
+    for ref in (baseline, *fewer_bytes_than):
+        if ref is not None and ref not in by_name:
+            raise SystemExit(f"no run named {ref!r} among {sorted(by_name)}")
+    steps = sorted({s for r in runs for s in r.validation})
+    extra = ["bytes received per rank, total", "tokens/s/GPU"]
+    if baseline:
+        extra.append(f"final loss vs {baseline}")
+    extra += [f"x fewer bytes than {ref}" for ref in fewer_bytes_than]
+    lines = ["| run | " + " | ".join([*(f"val @{s}" for s in steps), *extra]) + " |",
+             "|---|" + "---|" * (len(steps) + len(extra))]
+    for r in runs:
+        cells = [f"{r.validation[s]:.4f}" if s in r.validation else "-" for s in steps]
+        total = _bytes_total(r)
+        cells.append("-" if total is None else f"{total:,}" + (" (modelled)" if r.bytes_modelled else ""))
+        cells.append(f"{mean_tokens_per_s(r):,.0f}")
+        if baseline:
+            ref = by_name[baseline]
+            if r.validation and ref.validation:
+                cells.append(f"{100 * (r.validation[max(r.validation)] / ref.validation[max(ref.validation)] - 1):+.1f}%")
+            else:
+                cells.append("-")
+        for name in fewer_bytes_than:
+            ref_total = _bytes_total(by_name[name])
+            ratio = ref_total / total if total and ref_total else None
+            cells.append("-" if ratio is None else f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.3g}")
+        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("logs", nargs="+")
+    ap.add_argument("--validation", action="store_true", help="the held-out loss table")
+    ap.add_argument("--baseline", help="--validation: final loss relative to this run (log name without .log)")
+    ap.add_argument("--fewer-bytes-than", action="append", default=[], help="--validation: bytes ratio to this run")
+    args = ap.parse_args(argv)
+    if (args.baseline or args.fewer_bytes_than) and not args.validation:
+        ap.error("--baseline / --fewer-bytes-than go with --validation")
+    if args.validation:
+        print(validation_table([parse(Path(p)) for p in args.logs], args.baseline, tuple(args.fewer_bytes_than)), end="")
+        return
+    rows = [summarize(Path(p)) for p in args.logs]
     cols = ["run", "steps", "final_loss", "validation_loss", "tokens_per_s_per_gpu", "peak_memory_gib", "bytes_sent_per_step",
             "bytes_received_per_step", "bytes_received_total", "bytes_modelled", "optimizer_step_ms", "exchange_ms",
             "error"]

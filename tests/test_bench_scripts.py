@@ -12,6 +12,8 @@ from titan_launch import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 import shaped_link  # noqa: E402
+import summarize_titan_logs  # noqa: E402
+import titan_logs  # noqa: E402
 
 T0 = datetime(2026, 11, 26, 11, 0, 0)
 
@@ -73,3 +75,30 @@ def test_time_to_adamw_final_loss(results):
     # The table's speed-up column: 42.8 / 5.2.
     row = next(line for line in table.splitlines() if line.startswith("| flexdemo |"))
     assert f"{42.8 / 5.2:.1f}x" in row
+
+
+def test_validation_table_ratios(tmp_path):
+    # AdamW: 4.0 held-out, 1000 bytes a step modelled; diloco 4.2 and 50 a step; demo_diloco 4.08
+    # and 2 a step (measured), never validated at step 10.
+    _log(tmp_path / "adamw.log", lambda s: 0.1 * s, {10: 4.5, 20: 4.0}, 1000, modelled=True)
+    _log(tmp_path / "diloco.log", lambda s: 0.1 * s, {10: 4.6, 20: 4.2}, 50)
+    _log(tmp_path / "demo_diloco.log", lambda s: 0.1 * s, {20: 4.08}, 2)
+    runs = [titan_logs.parse(tmp_path / f"{n}.log") for n in ("adamw", "diloco", "demo_diloco")]
+    table = summarize_titan_logs.validation_table(runs, "adamw", ("adamw", "diloco"))
+    header, _, *rows = table.splitlines()
+    assert header.split(" | ")[1:3] == ["val @10", "val @20"]
+    cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in rows}
+    assert cells["adamw"] == ["4.5000", "4.0000", "20,000 (modelled)", "1,000", "+0.0%", "1", "0.05"]
+    assert cells["diloco"] == ["4.6000", "4.2000", "1,000", "1,000", "+5.0%", "20", "1"]
+    # 4.08 / 4.0 - 1 = +2.0%; 20,000 / 40 = 500x fewer than AdamW, 1,000 / 40 = 25x fewer than diloco.
+    assert cells["demo_diloco"] == ["-", "4.0800", "40", "1,000", "+2.0%", "500", "25"]
+    with pytest.raises(SystemExit, match="no run named 'ddp'"):
+        summarize_titan_logs.validation_table(runs, "ddp")
+
+
+def test_run_variants_gives_each_job_its_own_gpus(monkeypatch):
+    import run_variants
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert run_variants.device_slots(2) == ["4,5", "6,7"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    assert run_variants.device_slots(2) == ["0,1"]  # a lone GPU left over is not a slot
