@@ -33,9 +33,9 @@ if [[ "$PART" == titan || "$PART" == all ]]; then
   }
   run ddp_adamw gpu_2gpu_ddp_adamw
   run flexdemo_demo gpu_2gpu_flexdemo --optimizer.lr 3e-4
-  run diloco gpu_2gpu_diloco --flexdemo.sync_interval "$SYNC"
-  run demo_diloco gpu_2gpu_demo_diloco --flexdemo.sync_interval "$SYNC"
-  run demo_diloco_host_state gpu_2gpu_demo_diloco --flexdemo.sync_interval "$SYNC" --flexdemo.outer_state_device cpu
+  run diloco gpu_2gpu_diloco --flexdemo.sync_interval "$SYNC" --flexdemo.replica_check_interval "$((4 * SYNC))"
+  run demo_diloco gpu_2gpu_demo_diloco --flexdemo.sync_interval "$SYNC" --flexdemo.replica_check_interval "$((4 * SYNC))"
+  run demo_diloco_host_state gpu_2gpu_demo_diloco --flexdemo.sync_interval "$SYNC" --flexdemo.replica_check_interval "$((4 * SYNC))" --flexdemo.outer_state_device cpu
   python3 scripts/summarize_titan_logs.py "$OUT_DIR"/{ddp_adamw,flexdemo_demo,diloco,demo_diloco,demo_diloco_host_state}.log \
     | tee "$OUT_DIR/summary.md"
 fi

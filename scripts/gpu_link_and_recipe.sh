@@ -16,7 +16,7 @@ STEPS=${STEPS:-1000}; FLAVOR=${FLAVOR:-small}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$RES/gpus.txt"
 if [[ -n "${LINK_METHODS:-}" ]]; then
   timeout "${LINK_TIMEOUT:-300}" python3 scripts/shaped_link.py --device gpu --rate "${RATE:-1gbit}" \
-    --steps "$STEPS" --flavor "$FLAVOR" --methods "$LINK_METHODS" --sync-interval "${SYNC:-50}" \
+    --steps "$STEPS" --flavor "$FLAVOR" --methods "$LINK_METHODS" --sync-interval "${SYNC:-32}" \
     --timeout "${LINK_RUN_TIMEOUT:-200}" --out "$RES/link" 2>&1 | grep -v Warning | tail -5
 fi
 if [[ -n "${VARIANTS_FILE:-}" ]]; then

@@ -13,7 +13,7 @@ NAME=${NAME:-shaped_gpu_$RATE}
 RES=/tmp/$NAME
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES.gpus.txt"
 python3 scripts/shaped_link.py --device gpu --rate "$RATE" --steps "$STEPS" --flavor "$FLAVOR" \
-  --methods "$METHODS" --adamw-link-steps "${ADAMW_LINK_STEPS:-0}" --sync-interval "${SYNC:-50}" \
+  --methods "$METHODS" --adamw-link-steps "${ADAMW_LINK_STEPS:-0}" --sync-interval "${SYNC:-32}" \
   --adamw-buckets "${ADAMW_BUCKETS:-4}" --timeout "${RUN_TIMEOUT:-600}" --out "$RES" "$@"
 mv "$RES.gpus.txt" "$RES/gpus.txt"
 tar czf "$OUT_DIR/$NAME.tgz" --exclude dumps -C /tmp "$NAME"

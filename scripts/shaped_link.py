@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,6 +130,13 @@ def train(name: str, config: Path, flags: list[str], out: Path, on_link: bool, d
     return time.time() - start
 
 
+def check_interval(config: Path, sync_interval: int) -> int:
+    """The config's replica_check_interval rounded up to a multiple of H: DiLoCo replicas are
+    identical only right after an outer step (the config check refuses any other interval)."""
+    every = tomllib.loads(config.read_text()).get("flexdemo", {}).get("replica_check_interval", 0)
+    return -(-every // sync_interval) * sync_interval
+
+
 def collectives_per_step(method: str, sync_interval: int, log_freq: int, adamw_buckets: int) -> float:
     """Replica-link collectives on the critical path per step (the latency model's count):
     AdamW: its gradient buckets + the stock trainer's token-count all-reduce; flexdemo per-step:
@@ -212,7 +220,7 @@ def main() -> int:
     ap.add_argument("--methods", default="adamw,flexdemo,flexdemo_overlap,diloco,demo_diloco")
     ap.add_argument("--adamw-link-steps", type=int, default=0, help="0: AdamW runs all steps on the link")
     ap.add_argument("--flavor", default=None, help="model flavor (default: the config's)")
-    ap.add_argument("--sync-interval", type=int, default=50, help="H of diloco / demo_diloco")
+    ap.add_argument("--sync-interval", type=int, default=32, help="H of diloco / demo_diloco")
     ap.add_argument("--val-freq", type=int, default=100)
     ap.add_argument("--log-freq", type=int, default=10)
     ap.add_argument("--rtt-ms", type=float, default=20.0)
@@ -247,7 +255,8 @@ def main() -> int:
             config = REPO / "train_configs" / f"{names[args.device]}.toml"
             run_flags = [*common, *flags, *extra]
             if m.endswith("diloco"):
-                run_flags += ["--flexdemo.sync_interval", str(args.sync_interval)]
+                run_flags += ["--flexdemo.sync_interval", str(args.sync_interval), "--flexdemo.replica_check_interval",
+                              str(check_interval(config, args.sync_interval))]
             steps = ["--training.steps", str(args.steps)]
             if m == "adamw" and link_steps < args.steps:
                 train("adamw_reference", config, [*run_flags, *steps], out, False, args.device, args.timeout)

@@ -102,3 +102,12 @@ def test_run_variants_gives_each_job_its_own_gpus(monkeypatch):
     assert run_variants.device_slots(2) == ["4,5", "6,7"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     assert run_variants.device_slots(2) == ["0,1"]  # a lone GPU left over is not a slot
+
+
+def test_shaped_link_check_interval_follows_sync_interval(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[flexdemo]\nreplica_check_interval = 128\n")
+    # Rounded up to a multiple of H, the config's own interval when it already is one.
+    assert [shaped_link.check_interval(cfg, h) for h in (32, 50, 5, 200)] == [128, 150, 130, 200]
+    cfg.write_text("[flexdemo]\nreplica_check_interval = 0\n")  # 0 = no checks, kept
+    assert shaped_link.check_interval(cfg, 32) == 0
