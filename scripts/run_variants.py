@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,9 +36,11 @@ def device_slots(per_job: int) -> list[str]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         ids = [d.strip() for d in visible.split(",") if d.strip()]
-    else:
+    elif shutil.which("nvidia-smi"):
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
         ids = [str(i) for i, line in enumerate(listing.splitlines()) if line.startswith("GPU ")]
+    else:
+        ids = []  # no GPU: the caller's check says so
     return [",".join(ids[i:i + per_job]) for i in range(0, len(ids) - per_job + 1, per_job)]
 
 
