@@ -9,8 +9,8 @@ the replica dimension at the last logged step and received in total (flexdemo's 
 counter, or the baseline's modelled all-reduce bytes) and the exchange time.
 
 --validation: one row per run with its held-out loss at every validated step, bytes received in
-total and mean tokens/s per GPU; --baseline NAME adds the final held-out loss relative to that
-run's, and each --fewer-bytes-than NAME how many times fewer bytes than that run's each run received.
+total and mean tokens/s per GPU; --baseline NAME adds the held-out loss relative to that run's
+at its last validated step (equal tokens), and each --fewer-bytes-than NAME how many times fewer bytes than that run's each run received.
 """
 
 from __future__ import annotations
@@ -65,12 +65,10 @@ def validation_table(runs: list, baseline: str | None = None, fewer_bytes_than: 
         total = _bytes_total(r)
         cells.append("-" if total is None else f"{total:,}" + (" (modelled)" if r.bytes_modelled else ""))
         cells.append(f"{mean_tokens_per_s(r):,.0f}")
-        if baseline:
-            ref = by_name[baseline]
-            if r.validation and ref.validation:
-                cells.append(f"{100 * (r.validation[max(r.validation)] / ref.validation[max(ref.validation)] - 1):+.1f}%")
-            else:
-                cells.append("-")
+        if baseline:  # at equal tokens: the baseline's last validated step, "-" where a run lacks it
+            ref = by_name[baseline].validation
+            at = max(ref) if ref else None
+            cells.append(f"{100 * (r.validation[at] / ref[at] - 1):+.1f}%" if at in r.validation else "-")
         for name in fewer_bytes_than:
             ref_total = _bytes_total(by_name[name])
             ratio = ref_total / total if total and ref_total else None

@@ -83,7 +83,9 @@ def test_validation_table_ratios(tmp_path):
     _log(tmp_path / "adamw.log", lambda s: 0.1 * s, {10: 4.5, 20: 4.0}, 1000, modelled=True)
     _log(tmp_path / "diloco.log", lambda s: 0.1 * s, {10: 4.6, 20: 4.2}, 50)
     _log(tmp_path / "demo_diloco.log", lambda s: 0.1 * s, {20: 4.08}, 2)
-    runs = [titan_logs.parse(tmp_path / f"{n}.log") for n in ("adamw", "diloco", "demo_diloco")]
+    # A run cut off after step 10 has no loss at the baseline's last step: no comparison.
+    _log(tmp_path / "cut.log", lambda s: 0.1 * s, {10: 4.4}, 2, steps=10)
+    runs = [titan_logs.parse(tmp_path / f"{n}.log") for n in ("adamw", "diloco", "demo_diloco", "cut")]
     table = summarize_titan_logs.validation_table(runs, "adamw", ("adamw", "diloco"))
     header, _, *rows = table.splitlines()
     assert header.split(" | ")[1:3] == ["val @10", "val @20"]
@@ -92,6 +94,7 @@ def test_validation_table_ratios(tmp_path):
     assert cells["diloco"] == ["4.6000", "4.2000", "1,000", "1,000", "+5.0%", "20", "1"]
     # 4.08 / 4.0 - 1 = +2.0%; 20,000 / 40 = 500x fewer than AdamW, 1,000 / 40 = 25x fewer than diloco.
     assert cells["demo_diloco"] == ["-", "4.0800", "40", "1,000", "+2.0%", "500", "25"]
+    assert cells["cut"] == ["4.4000", "-", "20", "1,000", "-", "1,000", "50"]
     with pytest.raises(SystemExit, match="no run named 'ddp'"):
         summarize_titan_logs.validation_table(runs, "ddp")
 
