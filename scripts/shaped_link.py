@@ -35,7 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from titan_logs import mean_tokens_per_s, parse, seconds_per_step  # noqa: E402
+from titan_logs import last_exchange, mean_tokens_per_s, parse, seconds_per_step  # noqa: E402
 
 NODES = ("fdnode0", "fdnode1")
 IFACES = ("fdlink0", "fdlink1")
@@ -181,7 +181,7 @@ def table(out: Path, args) -> str:
         else:
             t_hit, how = math.nan, "not reached"
         t_model = t_hit + (hit[0] if hit else 0) * coll * rtt_s
-        last_x = run.exchange[max(run.exchange)] if run.exchange else None
+        last_x = last_exchange(run)
         final_val = curve.validation[max(curve.validation)] if curve.validation else math.nan
         results[m] = dict(steps=max(run.loss, default=0), seconds_per_step=sps, validation_loss=final_val,
                           reached_at_step=hit[0] if hit else None, seconds_to_target=t_hit, how=how,

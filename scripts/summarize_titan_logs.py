@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from titan_logs import mean_tokens_per_s, parse  # noqa: E402
+from titan_logs import last_exchange, mean_tokens_per_s, parse  # noqa: E402
 
 
 def summarize(path: Path) -> dict:
@@ -33,8 +33,7 @@ def summarize(path: Path) -> dict:
            "peak_memory_gib": max(run.memory_gib.values())}
     if run.validation:
         out["validation_loss"] = run.validation[max(run.validation)]
-    if run.exchange:
-        x = run.exchange[max(run.exchange)]
+    if (x := last_exchange(run)) is not None:
         out.update(bytes_sent_per_step=x.sent, bytes_received_per_step=x.received,
                    bytes_received_total=x.received_total, optimizer_step_ms=x.optimizer_step_ms,
                    exchange_ms=x.exchange_ms, bytes_modelled=run.bytes_modelled)
@@ -42,7 +41,8 @@ def summarize(path: Path) -> dict:
 
 
 def _bytes_total(run) -> int | None:
-    return run.exchange[max(run.exchange)].received_total if run.exchange else None
+    x = last_exchange(run)
+    return x.received_total if x is not None else None
 
 
 def validation_table(runs: list, baseline: str | None = None, fewer_bytes_than: tuple[str, ...] = ()) -> str:
@@ -60,17 +60,18 @@ def validation_table(runs: list, baseline: str | None = None, fewer_bytes_than: 
     extra += [f"x fewer bytes than {ref}" for ref in fewer_bytes_than]
     lines = ["| run | " + " | ".join([*(f"val @{s}" for s in steps), *extra]) + " |",
              "|---|" + "---|" * (len(steps) + len(extra))]
+    # At equal tokens: the baseline's last validated step ("-" where a run lacks it).
+    ref = by_name[baseline].validation if baseline else {}
+    at = max(ref) if ref else None
+    ref_totals = [_bytes_total(by_name[name]) for name in fewer_bytes_than]
     for r in runs:
         cells = [f"{r.validation[s]:.4f}" if s in r.validation else "-" for s in steps]
         total = _bytes_total(r)
         cells.append("-" if total is None else f"{total:,}" + (" (modelled)" if r.bytes_modelled else ""))
         cells.append(f"{mean_tokens_per_s(r):,.0f}")
-        if baseline:  # at equal tokens: the baseline's last validated step, "-" where a run lacks it
-            ref = by_name[baseline].validation
-            at = max(ref) if ref else None
+        if baseline:
             cells.append(f"{100 * (r.validation[at] / ref[at] - 1):+.1f}%" if at in r.validation else "-")
-        for name in fewer_bytes_than:
-            ref_total = _bytes_total(by_name[name])
+        for ref_total in ref_totals:
             ratio = ref_total / total if total and ref_total else None
             cells.append("-" if ratio is None else f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.3g}")
         lines.append(f"| {r.name} | " + " | ".join(cells) + " |")

@@ -85,6 +85,11 @@ def seconds_per_step(run: RunLog) -> float:
     return (run.step_time[last] - run.step_time[first]) / (last - first)
 
 
+def last_exchange(run: RunLog) -> Exchange | None:
+    """The last logged exchange line (its totals cover the whole run so far), or None."""
+    return run.exchange[max(run.exchange)] if run.exchange else None
+
+
 def mean_tokens_per_s(run: RunLog) -> float:
     """Mean of torchtitan's logged tokens/s per GPU after the first step (compile, warm-up)."""
     tps = [t for s, t in run.tps.items() if s > 1]
