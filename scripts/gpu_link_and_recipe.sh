@@ -4,7 +4,8 @@
 #      into /tmp/$NAME/link (capped at LINK_TIMEOUT s);
 #   2. scripts/run_variants.py runs the recipe variants listed one per line in VARIANTS_FILE
 #      (NAME CONFIG flags...), CONCURRENT at a time, off the link, into /tmp/$NAME/variants
-#      (capped at VARIANT_TIMEOUT s each; DEVICES_PER_JOB > 0 gives each job its own GPUs).
+#      (capped at VARIANT_TIMEOUT s each; DEVICES_PER_JOB > 0 gives each job its own GPUs);
+#      VARIANTS_ONLY="name1 name2" keeps only those lines (a file split over several calls).
 #   LINK_METHODS=diloco,flexdemo_overlap VARIANTS_FILE=scripts/recipe_small.txt \
 #     bash scripts/gpu_link_and_recipe.sh
 set -uo pipefail
@@ -21,6 +22,13 @@ if [[ -n "${LINK_METHODS:-}" ]]; then
 fi
 if [[ -n "${VARIANTS_FILE:-}" ]]; then
   mapfile -t VARIANTS < <(grep -v '^\s*#' "$VARIANTS_FILE" | grep -v '^\s*$')
+  if [[ -n "${VARIANTS_ONLY:-}" ]]; then
+    KEPT=()
+    for v in "${VARIANTS[@]}"; do [[ " $VARIANTS_ONLY " == *" ${v%% *} "* ]] && KEPT+=("$v"); done
+    read -ra WANT <<< "$VARIANTS_ONLY"
+    (( ${#KEPT[@]} == ${#WANT[@]} )) || { echo "VARIANTS_ONLY: not every name is a line of $VARIANTS_FILE" >&2; exit 2; }
+    VARIANTS=("${KEPT[@]}")
+  fi
   timeout "${VARIANTS_TOTAL_TIMEOUT:-300}" python3 scripts/run_variants.py --out "$RES/variants" \
     --concurrent "${CONCURRENT:-2}" --timeout "${VARIANT_TIMEOUT:-280}" --devices-per-job "${DEVICES_PER_JOB:-0}" \
     --common "--model.flavor $FLAVOR --training.steps $STEPS --validation.freq ${VAL_FREQ:-100}" "${VARIANTS[@]}" \
