@@ -27,6 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+from process_tree import kill_tree  # noqa: E402
 from summarize_titan_logs import validation_table  # noqa: E402
 from titan_logs import parse  # noqa: E402
 
@@ -42,6 +43,38 @@ def device_slots(per_job: int) -> list[str]:
     else:
         ids = []  # no GPU: the caller's check says so
     return [",".join(ids[i:i + per_job]) for i in range(0, len(ids) - per_job + 1, per_job)]
+
+
+def run_all(todo: list, running: list, args: argparse.Namespace, out: Path, slots: list[str]) -> None:
+    """Start the jobs ``args.concurrent`` at a time; each gets ``args.timeout`` seconds."""
+    port = 29600
+    while todo or running:
+        while todo and len(running) < args.concurrent:
+            name, cfg, flags = todo.pop(0)
+            port += 7
+            env = {**os.environ, "MASTER_PORT": str(port), "LOG_RANK": "0"}
+            if args.nproc:
+                env["NPROC"] = args.nproc
+            slot = None
+            if slots:
+                slot = next(s for s in slots if s not in {r[3] for r in running})
+                env["CUDA_VISIBLE_DEVICES"] = slot
+            cmd = ["bash", str(REPO / "scripts" / "launch.sh"), str(cfg), *flags,
+                   "--job.dump_folder", f"/tmp/variants/{name}", "--metrics.disable_color_printing"]
+            (out / f"{name}.cmd").write_text(shlex.join(cmd) + "\n")
+            p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(out / f"{name}.log", "w"),
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+            running.append((name, p, time.time(), slot))
+        time.sleep(2)
+        for item in list(running):
+            name, p, start, _ = item
+            if p.poll() is None and time.time() - start > args.timeout:
+                kill_tree(p.pid)  # torchrun's workers sit in sessions of their own
+                p.wait()
+                print(f"=== {name}: killed after {args.timeout:.0f} s", flush=True)
+            if p.poll() is not None:
+                running.remove(item)
+                print(f"=== {name}: exit {p.returncode}, {time.time() - start:.0f} s", flush=True)
 
 
 def main() -> int:
@@ -69,34 +102,17 @@ def main() -> int:
             ap.error(f"variant {name}: no {cfg}")
         todo.append((name, cfg, [*shlex.split(args.common), *flags]))
     running: list[tuple[str, subprocess.Popen, float, str | None]] = []
-    port = 29600
-    while todo or running:
-        while todo and len(running) < args.concurrent:
-            name, cfg, flags = todo.pop(0)
-            port += 7
-            env = {**os.environ, "MASTER_PORT": str(port), "LOG_RANK": "0"}
-            if args.nproc:
-                env["NPROC"] = args.nproc
-            slot = None
-            if slots:
-                slot = next(s for s in slots if s not in {r[3] for r in running})
-                env["CUDA_VISIBLE_DEVICES"] = slot
-            cmd = ["bash", str(REPO / "scripts" / "launch.sh"), str(cfg), *flags,
-                   "--job.dump_folder", f"/tmp/variants/{name}", "--metrics.disable_color_printing"]
-            (out / f"{name}.cmd").write_text(shlex.join(cmd) + "\n")
-            p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(out / f"{name}.log", "w"),
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-            running.append((name, p, time.time(), slot))
-        time.sleep(2)
-        for item in list(running):
-            name, p, start, _ = item
-            if p.poll() is None and time.time() - start > args.timeout:
-                os.killpg(p.pid, signal.SIGKILL)
+    # A timeout's SIGTERM (gpu_link_and_recipe.sh's cap on the whole sweep) must still stop the
+    # jobs, workers included: the `finally` below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        run_all(todo, running, args, out, slots)
+    finally:
+        for name, p, _, _ in running:
+            if p.poll() is None:
+                kill_tree(p.pid)
                 p.wait()
-                print(f"=== {name}: killed after {args.timeout:.0f} s", flush=True)
-            if p.poll() is not None:
-                running.remove(item)
-                print(f"=== {name}: exit {p.returncode}, {time.time() - start:.0f} s", flush=True)
+                print(f"=== {name}: stopped (run_variants.py ended)", flush=True)
     rows = [parse(out / f"{shlex.split(s)[0]}.log") for s in args.variants]
     table = validation_table(rows)
     (out / "variants.md").write_text(table)

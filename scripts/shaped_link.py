@@ -35,6 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+from process_tree import kill_tree  # noqa: E402
 from titan_logs import last_exchange, mean_tokens_per_s, parse, seconds_per_step  # noqa: E402
 
 NODES = ("fdnode0", "fdnode1")
@@ -123,7 +124,7 @@ def train(name: str, config: Path, flags: list[str], out: Path, on_link: bool, d
     finally:
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                kill_tree(p.pid)  # torchrun's workers sit in sessions of their own
             p.wait()
     codes = [p.returncode for p in procs]
     print(f"=== {name}: exit {codes}, {time.time() - start:.0f} s", flush=True)

@@ -2,9 +2,9 @@
 
 import os
 import re
-import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -13,6 +13,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "scripts" / "launch.sh"
 CONFIGS = REPO / "train_configs"
+sys.path.insert(0, str(REPO / "scripts"))
+from process_tree import kill_tree  # noqa: E402
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 STEP_RE = re.compile(r" - INFO - step:\s*(\d+)\s+loss:\s*(\S+)\s+grad_norm:\s*(\S+)")
@@ -94,7 +97,7 @@ def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeou
             time.sleep(1)
         timed_out = proc.poll() is None
         if timed_out:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)  # torchrun's workers sit in sessions of their own
         proc.wait()
         console.seek(0)
         run.output = console.read()
