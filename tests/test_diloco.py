@@ -122,6 +122,32 @@ def test_topk_bytes_are_the_payload_formula():
         assert traffic.sent == nbytes == expected and traffic.received == expected
 
 
+def _sync_times(rank, world, compression):
+    params = make_params()
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, compression=compression,
+                   value_encoding="fp32", topk=8, chunk=64)
+    times = []
+    for _ in range(4):
+        outer.before_inner_step()
+        with torch.no_grad():
+            for p in params:
+                p.add_(0.01 * (rank + 1))
+        synced = outer.after_inner_step()
+        times.append((synced, outer.last_sync_seconds, outer.last_exchange_seconds if synced else None))
+    return times
+
+
+@pytest.mark.parametrize("compression", ["dense", "topk"])
+def test_outer_step_time_covers_its_collectives(compression):
+    for times in run_ranks(_sync_times, 2, compression):
+        assert [synced for synced, *_ in times] == [False, True, False, True]
+        assert times[0][1] is None  # no outer step yet: no time
+        for synced, sync_s, exchange_s in times[1:]:
+            assert sync_s is not None and sync_s > 0
+            if synced:  # the whole outer step includes its collectives
+                assert sync_s >= exchange_s > 0, (sync_s, exchange_s)
+
+
 def _mesh(replicate, shard):
     return init_device_mesh("cpu", (replicate, shard), mesh_dim_names=("replicate", "shard"))
 

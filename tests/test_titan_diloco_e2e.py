@@ -7,12 +7,15 @@ the outer state in host memory.
 """
 
 import math
+import re
 import shutil
 
 import pytest
 import torch
 
-from titan_launch import CONFIGS, debugmodel_local_shapes, expected_payload_bytes, launch, load_dcp
+from titan_launch import (
+    CONFIGS, debugmodel_local_shapes, expected_payload_bytes, launch, load_dcp, tensorboard_scalars,
+)
 
 STEPS, H, CKPT_STEP = 12, 4, 6
 DEMO_DILOCO = CONFIGS / "cpu_2x2_demo_diloco.toml"
@@ -83,6 +86,24 @@ def test_demo_diloco_bytes_are_the_payload_formula(demo_diloco_run):
     # 12-bit index + sign bit per kept coefficient (1/8 kept), 4 bytes per block: ~1/10 of dense bf16.
     numel = sum(math.prod(s) for s in debugmodel_local_shapes(0))
     assert expected_payload_bytes(0, "scaled_sign", topk=OUTER_TOPK) < 0.11 * 2 * numel
+
+
+OUTER_LINE = re.compile(r"flexdemo: outer step (\d+) after step (\d+) \(topk, (\d+) bytes sent, (\d+) received "
+                        r"over dp_replicate, ([\d.]+) ms\)")
+
+
+def test_demo_diloco_logs_each_outer_steps_bytes_and_time(demo_diloco_run):
+    expected = expected_payload_bytes(shard=0, encoding="scaled_sign", topk=OUTER_TOPK)
+    said = [m.groups() for line in demo_diloco_run.rank_lines(0) if (m := OUTER_LINE.search(line))]
+    assert [(int(n), int(step)) for n, step, *_ in said] == [(1, H), (2, 2 * H), (3, 3 * H)], said
+    for _, _, sent, received, ms in said:
+        assert int(sent) == int(received) == expected and float(ms) > 0
+    tags, acc = tensorboard_scalars(demo_diloco_run)
+    times = acc.Scalars("replica_exchange/outer_step(s)")
+    # From the first outer step on (none before it), the last one's time, at every logged step.
+    assert [e.step for e in times] == list(range(H, STEPS + 1)), [e.step for e in times]
+    assert all(e.value > 0 for e in times)
+    assert {"replica_exchange/bytes_sent", "replica_exchange/bytes_sent_total"} <= tags
 
 
 def test_resume_in_the_middle_of_a_cycle_is_bit_identical(demo_diloco_run, tmp_path, assets):

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from titan_launch import CONFIGS, REPO, expected_payload_bytes, launch, load_dcp, worker_pid
+from titan_launch import CONFIGS, REPO, expected_payload_bytes, launch, load_dcp, tensorboard_scalars, worker_pid
 
 STEPS, CKPT_STEP = 20, 10
 DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
@@ -175,19 +175,8 @@ def test_hsdp_adamw_baseline_runs(tmp_path, assets):
     assert "modelled ring all-reduce of HSDP/DDP" in log
     # Modelled bytes never under the names of measured ones: console and TensorBoard.
     assert "sent_bytes_modelled:" in log and run.exchange(0) == {}
-    tags, _ = _tensorboard(run)
+    tags, _ = tensorboard_scalars(run)
     assert "replica_exchange/bytes_sent_modelled" in tags and "replica_exchange/bytes_sent" not in tags
-
-
-def _tensorboard(run):
-    """(scalar tags, accumulator) of the run's TensorBoard events."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = list((run.dump / "tb").rglob("events.out.tfevents.*"))
-    assert events, "no TensorBoard event file"
-    acc = EventAccumulator(str(events[0].parent))
-    acc.Reload()
-    return set(acc.Tags()["scalars"]), acc
 
 
 def test_launcher_says_when_it_supplies_the_tokenizer(demo_run, assets):
@@ -203,7 +192,7 @@ def test_demo_warns_about_optimizer_keys_it_does_not_use(demo_run):
 
 
 def test_demo_tensorboard_has_exchange_metrics(demo_run):
-    tags, acc = _tensorboard(demo_run)
+    tags, acc = tensorboard_scalars(demo_run)
     for tag in ("replica_exchange/bytes_sent", "replica_exchange/bytes_received",
                 "replica_exchange/bytes_sent_total", "replica_exchange/exchange(s)"):
         assert tag in tags, sorted(tags)

@@ -182,3 +182,14 @@ def write_own_tokenizer(path: Path, vocab_size: int = 600) -> Path:
     for name, data in tokenizer_files(tok).items():
         (path / name).write_bytes(data)
     return path
+
+
+def tensorboard_scalars(run):
+    """(scalar tags, accumulator) of the run's TensorBoard events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((run.dump / "tb").rglob("events.out.tfevents.*"))
+    assert events, "no TensorBoard event file"
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    return set(acc.Tags()["scalars"]), acc

@@ -114,6 +114,7 @@ class DiLoCo:
         self.has_global = False  # set at the first cycle's start, or by loading a checkpoint
         self.last_traffic = Traffic()  # of the last inner step: zero unless it ended with a sync
         self._timers: list[ExchangeTimer] = []
+        self._sync_timer: ExchangeTimer | None = None  # the whole last outer step
 
         params = [e.param for e in self.entries]
         if compression == "topk":
@@ -170,6 +171,7 @@ class DiLoCo:
         self._timers = []
         locals_ = [local_tensor(e.param) for e in self.entries]
         device = locals_[0].device if locals_ else torch.device("cpu")
+        timer = ExchangeTimer(device)
         bad = any_nonfinite(locals_, self._shard_group, device)
         if self.compression == "topk":
             self.last_traffic, skip = self._sync_topk(bad)
@@ -189,6 +191,7 @@ class DiLoCo:
             torch.cuda.current_stream().synchronize()  # host copies complete before anyone reads them
         self.inner_steps = 0
         self.outer_steps += 1
+        self._sync_timer = timer.stop()
 
     def _sync_dense(self, bad: bool) -> tuple[Traffic, bool]:
         traffic = Traffic()
@@ -284,6 +287,13 @@ class DiLoCo:
     def last_exchange_seconds(self) -> float:
         """Wall time of the last sync's collectives (CUDA: between stream events, read lazily)."""
         return sum(t.seconds() for t in self._timers)
+
+    @property
+    def last_sync_seconds(self) -> float | None:
+        """Device time of the whole last outer step (codec, collectives, outer update; CUDA:
+        between stream events, so what the GPU spent, not the host's launch time); None before
+        the first."""
+        return None if self._sync_timer is None else self._sync_timer.seconds()
 
     # -- checkpointing ----------------------------------------------------------------------
 

@@ -126,7 +126,8 @@ class FlexOptimizersContainer(OptimizersContainer):
             logger.info(
                 f"flexdemo: outer step {self.outer.outer_steps} after step {self.step_count} "
                 f"({self.outer.compression}, {self.last_bytes_sent} bytes sent, "
-                f"{self.last_bytes_received} received over dp_replicate)"
+                f"{self.last_bytes_received} received over dp_replicate, "
+                f"{1e3 * self.outer.last_sync_seconds:.1f} ms)"
             )
         # Validation makes the interval a multiple of sync_interval in the DiLoCo modes, so
         # the check always runs right after an outer step.
@@ -200,6 +201,8 @@ class FlexOptimizersContainer(OptimizersContainer):
         }
         if self.last_exchange_seconds is not None:
             stats["replica_exchange/exchange(s)"] = self.last_exchange_seconds
+        if self.outer is not None and self.outer.last_sync_seconds is not None:
+            stats["replica_exchange/outer_step(s)"] = self.outer.last_sync_seconds  # the last one
         return stats
 
     # -- checkpointing: torchtitan's flattened optimizer state + flexdemo's -------------
