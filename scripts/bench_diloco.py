@@ -3,6 +3,8 @@
 Run with one process per GPU (2 replicas x 1 shard):
 
   torchrun --nproc_per_node 2 scripts/bench_diloco.py --flavor 1B --json out.json
+  # the outer top-k's cost as k grows, fused kernels vs torch path, state on the GPU only:
+  torchrun --nproc_per_node 2 scripts/bench_diloco.py --topk 32,64,128,256 --configs topk:scaled_sign --no-host-state
 
 Parameters: the shapes of the llama3 flavor (fp32, random, same on every replica), each
 replica then moved by its own noise (a stand-in for H inner steps). Per configuration
@@ -67,7 +69,7 @@ def replicas_identical(params) -> bool:
         return False
 
 
-def run_config(shapes, compression, encoding, state_device, fused, syncs, device):
+def run_config(shapes, compression, encoding, state_device, fused, syncs, device, topk=32):
     cuda = device.type == "cuda"  # on CPU (a smoke test with gloo) there are no memory numbers
     mem = torch.cuda if cuda else None
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -76,7 +78,7 @@ def run_config(shapes, compression, encoding, state_device, fused, syncs, device
     params = make_params(shapes, device)
     sync()
     base = mem.memory_allocated() if cuda else 0
-    outer = DiLoCo(params, sync_interval=1, compression=compression, value_encoding=encoding, topk=32,
+    outer = DiLoCo(params, sync_interval=1, compression=compression, value_encoding=encoding, topk=topk,
                    chunk=64, decay=0.9, state_device=state_device, fused=fused)
     sync()
     persistent = mem.memory_allocated() - base if cuda else 0
@@ -98,6 +100,7 @@ def run_config(shapes, compression, encoding, state_device, fused, syncs, device
     numel = sum(p.numel() for _, p in params)
     result = {
         "compression": compression, "encoding": encoding, "state_device": state_device, "fused": fused,
+        "topk": topk if compression == "topk" else None,
         "sync_ms_first": 1e3 * times[0], "sync_ms": 1e3 * min(times[1:]) if len(times) > 1 else None,
         "state_gpu_bytes_per_param": persistent / numel, "sync_peak_extra_gpu_bytes_per_param": peak / numel,
         "bytes_sent": outer.last_traffic.sent, "bytes_received": outer.last_traffic.received,
@@ -113,7 +116,16 @@ def main():
     ap.add_argument("--flavor", default="1B")
     ap.add_argument("--syncs", type=int, default=4)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--topk", default="32", help="outer top-k per 64x64 block; a comma list runs each")
+    ap.add_argument("--configs", default=",".join(f"{c}:{e}" for c, e in CONFIGS),
+                    help="compression:encoding pairs to run (default: all)")
+    ap.add_argument("--no-host-state", action="store_true", help="skip the rows with state in pinned host memory")
     args = ap.parse_args()
+    configs = [tuple(c.split(":")) for c in args.configs.split(",")]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        ap.error(f"--configs: unknown {unknown}; choose from {[f'{c}:{e}' for c, e in CONFIGS]}")
+    topks = [int(k) for k in args.topk.split(",")]
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
@@ -123,17 +135,23 @@ def main():
     shapes = flavor_shapes(args.flavor)
     numel = sum(torch.Size(s).numel() for _, s in shapes)
     rows = []
-    for compression, encoding in CONFIGS:
-        on_gpu, final_gpu = run_config(shapes, compression, encoding, "device", True, args.syncs, device)
-        on_cpu, final_cpu = run_config(shapes, compression, encoding, "cpu", True, args.syncs, device)
-        on_cpu["bitwise_equal_to_gpu_state"] = all(torch.equal(a, b) for a, b in zip(final_gpu, final_cpu))
-        rows += [on_gpu, on_cpu]
-        if compression == "topk":
-            torch_path, final_torch = run_config(shapes, compression, encoding, "device", False, args.syncs, device)
-            worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(final_gpu, final_torch))
-            torch_path["max_rel_diff_fused_vs_torch"] = worst
-            rows.append(torch_path)
-        del final_gpu, final_cpu
+    for compression, encoding in configs:
+        for topk in topks if compression == "topk" else [None]:
+            kw = dict(syncs=args.syncs, device=device, topk=topk or 32)
+            on_gpu, final_gpu = run_config(shapes, compression, encoding, "device", True, **kw)
+            rows.append(on_gpu)
+            if not args.no_host_state:
+                on_cpu, final_cpu = run_config(shapes, compression, encoding, "cpu", True, **kw)
+                on_cpu["bitwise_equal_to_gpu_state"] = all(torch.equal(a, b) for a, b in zip(final_gpu, final_cpu))
+                rows.append(on_cpu)
+                del final_cpu
+            if compression == "topk":
+                torch_path, final_torch = run_config(shapes, compression, encoding, "device", False, **kw)
+                worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(final_gpu, final_torch))
+                torch_path["max_rel_diff_fused_vs_torch"] = worst
+                rows.append(torch_path)
+                del final_torch
+            del final_gpu
     report = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__, "flavor": args.flavor,
               "parameters": numel, "replicas": dist.get_world_size(), "syncs": args.syncs, "rows": rows}
     if rank == 0:

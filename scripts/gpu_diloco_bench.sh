@@ -5,6 +5,7 @@
 #   2. torchtitan runs of the same model and data: AdamW-DDP, per-step FlexDeMo, DiLoCo and
 #      DeMo-DiLoCo (state on the GPU, and in host memory), then a summary table.  (PART=titan)
 #   PART=outer|titan|all STEPS=100 SYNC=25 FLAVOR=1B bash scripts/gpu_diloco_bench.sh
+#   PART=outer OUTER_ARGS="--topk 32,64,128,256 --configs topk:scaled_sign --no-host-state" ...  (cost vs top-k)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-outputs/diloco_bench}"; mkdir -p "$OUT_DIR"
@@ -15,7 +16,7 @@ export NPROC=2 LOG_RANK=0,1
 
 if [[ "$PART" == outer || "$PART" == all ]]; then
   echo "=== outer step, $FLAVOR shapes"
-  timeout 300 torchrun --nproc_per_node 2 --master_port 29511 scripts/bench_diloco.py --flavor "$FLAVOR" \
+  timeout 300 torchrun --nproc_per_node 2 --master_port 29511 scripts/bench_diloco.py --flavor "$FLAVOR" ${OUTER_ARGS:-} \
     --json "$OUT_DIR/outer_step.json" > "$OUT_DIR/outer_step.log" 2>&1
   echo "exit $?"; grep -E "Error|error" "$OUT_DIR/outer_step.log" | head -5
 fi

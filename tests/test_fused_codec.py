@@ -33,6 +33,11 @@ CASES = [
 ]
 
 
+# The mean decode densifies 32 kept coefficients at a time: k above 32 spans several chunks
+# (200: a partial last one).
+DECODE_CASES = [*CASES[:5], ((128, 192), 64, 200), ((64, 128), 64, 256)]
+
+
 def _torch_encode(delta, grad, layout, k, encoding):
     d = delta.clone().mul_(DECAY)
     if grad is not None:
@@ -123,7 +128,7 @@ def _check_params(got, ref, direction):
     assert not (bad & ~near_zero).any(), f"{int((bad & ~near_zero).sum())} params differ away from zero"
 
 
-@pytest.mark.parametrize("shape,chunk,k", CASES[:5])
+@pytest.mark.parametrize("shape,chunk,k", DECODE_CASES)
 @pytest.mark.parametrize("W", [1, 3])
 def test_decode_matches_torch(shape, chunk, k, W):
     layout = block_layout(shape, chunk)
@@ -143,7 +148,7 @@ def test_decode_matches_torch(shape, chunk, k, W):
     _check_params(p, ref, direction)
 
 
-@pytest.mark.parametrize("shape,chunk,k", CASES[:5])
+@pytest.mark.parametrize("shape,chunk,k", DECODE_CASES)
 def test_dense_decode_matches_torch(shape, chunk, k):
     # The outer step's decode: IDCT(mean over selecting replicas) written out, no sign.
     layout = block_layout(shape, chunk)
@@ -152,6 +157,23 @@ def test_dense_decode_matches_torch(shape, chunk, k):
     out = torch.full(shape, float("nan"))
     fc.fused_mean_decode_many([out], idx, vals, [layout])
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-5 * ref.abs().max())
+
+
+@pytest.mark.parametrize("k", [40, 256])
+def test_chunked_densify_is_bitwise_the_one_tile_densify(k, monkeypatch):
+    # Densifying all k coefficients in one [64, k] one-hot product (the kernel before chunking)
+    # and 32 at a time give the same bits: each output has exactly one term.
+    from flexdemo.kernels import decode
+    from flexdemo.kernels.common import pow2_at_least
+
+    layout = block_layout((128, 128), 64)
+    idx, vals = _replicas(layout, k, 3, seed=9)
+    chunked = torch.full((128, 128), float("nan"))
+    fc.fused_mean_decode_many([chunked], idx, vals, [layout])
+    monkeypatch.setattr(decode, "decode_chunk", pow2_at_least)
+    whole = torch.full((128, 128), float("nan"))
+    fc.fused_mean_decode_many([whole], idx, vals, [layout])
+    assert decode.decode_chunk(k) > 32 and torch.equal(chunked, whole)
 
 
 def test_mean_decode_from_payloads_sign():

@@ -55,30 +55,34 @@ if HAVE_TRITON:
     def _mean_decode_block(
         b, row, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
-        KP: tl.constexpr, PREC: tl.constexpr, SIGN_UPDATE: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr, SIGN_UPDATE: tl.constexpr,
     ):
         # Block b of the tensor at out_ptr, from row `row` of each replica's [num_blocks, K] idx/vals.
         offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
-        j = tl.arange(0, KP)
-        jm = j < K
         total = tl.zeros([P1, P2], dtype=tl.float32)
         count = tl.zeros([P1, P2], dtype=tl.float32)
         # Replicas in rank order, like mean_of_selected's scatter_adds: each coefficient's sum is
         # ((0 + v_0) + v_1) + ... over the replicas that picked it, the same bits on every rank.
         for w in range(W):
             base = (w * num_blocks + row).to(tl.int64) * K
-            i = tl.load(idx_ptr + base + j, mask=jm, other=0).to(tl.int32)
-            v = tl.load(vals_ptr + base + j, mask=jm, other=0.0)
-            row_j = tl.where(jm, i // N2, -1)
-            col_j = i - (i // N2) * N2
-            on_row = r[:, None] == row_j[None, :]  # [P1, KP]
-            on_col = (col_j[:, None] == c[None, :]).to(tl.float32)  # [KP, P2]
-            # Densify by one-hot products: a replica's indices in a block are distinct, so each
-            # output gets at most one nonzero term and the fp32 ("ieee") dot is exact.
-            v_w = tl.dot(tl.where(on_row, v[None, :], 0.0), on_col, input_precision="ieee")
-            h_w = tl.dot(on_row.to(tl.float32), on_col, input_precision="ieee")
-            total = tl.where(h_w > 0, total + v_w, total)
-            count = count + h_w
+            # KC coefficients at a time: [P1, KP] one-hot tiles spill registers for large K (top-256
+            # outer steps took seconds at 1B); a replica's indices are distinct, so every output gets
+            # its one term from exactly one chunk and the result is the same bits for any KC.
+            for k0 in tl.static_range(0, KP, KC):
+                j = k0 + tl.arange(0, KC)
+                jm = j < K
+                i = tl.load(idx_ptr + base + j, mask=jm, other=0).to(tl.int32)
+                v = tl.load(vals_ptr + base + j, mask=jm, other=0.0)
+                row_j = tl.where(jm, i // N2, -1)
+                col_j = i - (i // N2) * N2
+                on_row = r[:, None] == row_j[None, :]  # [P1, KC]
+                on_col = (col_j[:, None] == c[None, :]).to(tl.float32)  # [KC, P2]
+                # Densify by one-hot products: at most one nonzero term per output, so the fp32
+                # ("ieee") dot is exact.
+                v_w = tl.dot(tl.where(on_row, v[None, :], 0.0), on_col, input_precision="ieee")
+                h_w = tl.dot(on_row.to(tl.float32), on_col, input_precision="ieee")
+                total = tl.where(h_w > 0, total + v_w, total)
+                count = count + h_w
         m = total / tl.maximum(count, 1.0)
         _apply(out_ptr, offs, valid, idct_block(m, f1_ptr, f2_ptr, P1, P2, PREC), lr, SIGN_UPDATE)
 
@@ -86,17 +90,17 @@ if HAVE_TRITON:
     def _mean_decode_kernel(
         param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
-        KP: tl.constexpr, PREC: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr,
     ):
         b = tl.program_id(0)
         _mean_decode_block(b, b, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row, num_blocks, W,
-                           N1, N2, P1, P2, K, KP, PREC, True)
+                           N1, N2, P1, P2, K, KP, KC, PREC, True)
 
     @triton.jit
     def _mean_decode_many_kernel(
         ptr_tab, blk_tensor_ptr, meta_ptr, lr_tab, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
-        KP: tl.constexpr, LR_TABLE: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, LR_TABLE: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
         SIGN_UPDATE: tl.constexpr,
     ):
         g = tl.program_id(0)
@@ -107,7 +111,12 @@ if HAVE_TRITON:
         if LR_TABLE:
             lr = tl.load(lr_tab + t)
         _mean_decode_block(b, g, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, bpr, num_blocks, W,
-                           N1, N2, P1, P2, K, KP, PREC, SIGN_UPDATE)
+                           N1, N2, P1, P2, K, KP, KC, PREC, SIGN_UPDATE)
+
+
+def decode_chunk(k: int) -> int:
+    """Kept coefficients densified per one-hot product in the mean decode (a power of two >= 16)."""
+    return min(pow2_at_least(k), 32)
 
 
 def fused_decode_update(
@@ -145,7 +154,7 @@ def fused_mean_decode_update(
     p1, p2, f1, f2, bpr = geometry(layout, param.device)
     _mean_decode_kernel[(B,)](
         param, idx, vals, f1, f2, float(lr), layout.cols, bpr, B, W,
-        N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k, KP=pow2_at_least(k), PREC=precision,
+        N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k, KP=pow2_at_least(k), KC=decode_chunk(k), PREC=precision,
         num_warps=num_warps(p1, p2),
     )
 
@@ -169,7 +178,7 @@ def _mean_decode_many(outs, idx, vals, lr, layouts, precision: str, sign_update:
     f1, f2 = padded_dct(L0.n1, p1, device), padded_dct(L0.n2, p2, device)
     _mean_decode_many_kernel[(total,)](
         ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, idx, vals, f1, f2, lr_s, total, W,
-        N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k, KP=pow2_at_least(k),
+        N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k, KP=pow2_at_least(k), KC=decode_chunk(k),
         LR_TABLE=lr_tab is not None, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned),
         SIGN_UPDATE=sign_update, num_warps=num_warps(p1, p2),
     )
