@@ -31,7 +31,7 @@ except Exception:  # pragma: no cover - triton is a dependency, but keep the tor
 MAX_BLOCK = 64  # one 64x64 fp32 block is 32 registers per thread at 4 warps; larger would spill
 # The mean decode densifies each replica's K coefficients by one-hot products, now 32 at a time
 # (decode.decode_chunk), so its work grows linearly in K. With whole [64, K] tiles K = 1024 did
-# not finish its first decode in 2 minutes on an H200 and K = 256 outer steps took ~3.3 s at 1B
+# not finish its first decode in 2 minutes on an H200 and K = 256 outer steps took ~4.8 s at 1B
 # on an H100; the chunked kernel is not yet measured on a GPU. Larger K takes the torch path.
 MAX_TOPK = 256
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
