@@ -3,7 +3,10 @@ out here (no training: the scripts' real runs are recorded in docs/benchmarks.md
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import time
 from datetime import datetime, timedelta
 
 import pytest
@@ -114,3 +117,41 @@ def test_shaped_link_check_interval_follows_sync_interval(tmp_path):
     assert [shaped_link.check_interval(cfg, h) for h in (32, 50, 5, 200)] == [128, 150, 130, 200]
     cfg.write_text("[flexdemo]\nreplica_check_interval = 0\n")  # 0 = no checks, kept
     assert shaped_link.check_interval(cfg, 32) == 0
+
+
+def _alive_with(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line contains ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def test_run_variants_timeout_stops_torchruns_workers(tmp_path, assets):
+    # A real job through scripts/launch.sh (torchrun, 4 gloo workers in sessions of their own),
+    # cut off by --timeout while it trains: nothing of it may keep running.
+    name = f"timeout_probe_{os.getpid()}"
+    env = {**os.environ, "FLEXDEMO_ASSETS": str(assets), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "run_variants.py"), "--out", str(tmp_path), "--timeout", "25",
+         f"{name} cpu_2x2_flexdemo --training.steps 100000"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    log = (tmp_path / f"{name}.log").read_text()
+    assert f"=== {name}: killed after 25 s" in proc.stdout, proc.stdout + proc.stderr
+    assert "Starting job" in log, log[-3000:]  # its workers were running when it was killed
+    time.sleep(1)
+    left = _alive_with(f"/tmp/variants/{name}")
+    for pid in left:  # a failing run must not leave them behind either
+        os.kill(pid, 9)
+    assert left == [], log[-2000:]
