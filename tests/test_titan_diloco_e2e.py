@@ -76,6 +76,13 @@ def test_demo_diloco_trains_and_replicas_identical_after_every_outer_step(demo_d
     assert "outer step 3 after step 12" in " ".join(demo_diloco_run.rank_lines(0))
 
 
+def test_finished_cpu_run_ends_cleanly_with_its_output_flushed(demo_diloco_run):
+    # A finished gloo run leaves by os._exit(0) (flexdemo.titan.run: interpreter teardown can
+    # abort on a gloo thread): every rank still gets to torchtitan's last log line first.
+    for rank in range(4):
+        assert any("Process group destroyed" in line for line in demo_diloco_run.rank_lines(rank)), rank
+
+
 def test_demo_diloco_bytes_are_the_payload_formula(demo_diloco_run):
     for rank in range(4):
         expected = expected_payload_bytes(shard=rank % 2, encoding="scaled_sign", topk=OUTER_TOPK)
