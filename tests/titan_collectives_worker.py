@@ -10,7 +10,6 @@ RECORD_STEPS (e.g. 3,4).
 import json
 import os
 import shlex
-import sys
 
 from flexdemo.titan import cpu_shim
 
@@ -83,10 +82,5 @@ def main():
 
 
 if __name__ == "__main__":
-    rc = main() or 0
-    # os._exit after a normal finish (an exception still exits 1 the usual way): a gloo thread
-    # still joinable at interpreter teardown can abort the process after its results were
-    # printed (seen once in tests/titan_scaling_worker.py, which ends the same way).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    # An exception still exits 1 the usual way; a normal finish skips the gloo teardown abort.
+    cpu_shim.exit_without_teardown(main() or 0)

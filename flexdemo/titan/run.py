@@ -89,22 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [sys.argv[0], *argv]
     titan_main(FlexTrainer)
     if cpu_shim.active():
-        _exit_after_gloo_run()
-
-
-def _exit_after_gloo_run() -> None:
-    """End a finished gloo (CPU) run without interpreter teardown. After torchtitan has closed
-    the trainer and destroyed the process group, a gloo thread still joinable at teardown
-    sometimes aborts the process ("terminate called without an active exception", SIGABRT),
-    and torchrun then fails a run that completed (seen in CI: 1 launch in ~100). Everything
-    is written by now; flush what is buffered and leave with 0. Errors never get here: they
-    raise out of titan_main and exit the usual way."""
-    import logging
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        cpu_shim.exit_without_teardown(0)  # errors never get here: they raise out of titan_main
 
 
 if __name__ == "__main__":
