@@ -201,8 +201,9 @@ class FlexOptimizersContainer(OptimizersContainer):
         }
         if self.last_exchange_seconds is not None:
             stats["replica_exchange/exchange(s)"] = self.last_exchange_seconds
-        if self.outer is not None and self.outer.last_sync_seconds is not None:
-            stats["replica_exchange/outer_step(s)"] = self.outer.last_sync_seconds  # the last one
+        outer_seconds = self.outer.last_sync_seconds if self.outer is not None else None
+        if outer_seconds is not None:
+            stats["replica_exchange/outer_step(s)"] = outer_seconds  # the last one
         return stats
 
     # -- checkpointing: torchtitan's flattened optimizer state + flexdemo's -------------
