@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on 2 GPUs, always ending with its results tarred into $OUT (or ./outputs/):
 #   1. scripts/shaped_link.py runs LINK_METHODS over a real shaped veth (RATE), steps STEPS,
-#      into /tmp/$NAME/link (capped at LINK_TIMEOUT s);
+#      into /tmp/$NAME/link (capped at LINK_TIMEOUT s; LINK_ARGS: more shaped_link.py flags);
 #   2. scripts/run_variants.py runs the recipe variants listed one per line in VARIANTS_FILE
 #      (NAME CONFIG flags...), CONCURRENT at a time, off the link, into /tmp/$NAME/variants
 #      (capped at VARIANT_TIMEOUT s each; DEVICES_PER_JOB > 0 gives each job its own GPUs);
@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 if [[ -n "${LINK_METHODS:-}" ]]; then
   timeout "${LINK_TIMEOUT:-300}" python3 scripts/shaped_link.py --device gpu --rate "${RATE:-1gbit}" \
     --steps "$STEPS" --flavor "$FLAVOR" --methods "$LINK_METHODS" --sync-interval "${SYNC:-32}" \
-    --timeout "${LINK_RUN_TIMEOUT:-200}" --out "$RES/link" 2>&1 | grep -v Warning | tail -5
+    --timeout "${LINK_RUN_TIMEOUT:-200}" --out "$RES/link" ${LINK_ARGS:-} 2>&1 | grep -v Warning | tail -5
 fi
 if [[ -n "${VARIANTS_FILE:-}" ]]; then
   mapfile -t VARIANTS < <(grep -v '^\s*#' "$VARIANTS_FILE" | grep -v '^\s*$')

@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,8 +219,13 @@ def main() -> int:
     ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     ap.add_argument("--rate", default="1gbit", help="tbf rate each way, e.g. 1gbit, 10gbit, 50mbit")
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--methods", default="adamw,flexdemo,flexdemo_overlap,diloco,demo_diloco")
+    ap.add_argument("--methods", default="adamw,flexdemo,flexdemo_overlap,diloco,demo_diloco",
+                    help="comma-separated; METHOD:STEPS gives one method its own run length (its own cosine "
+                         "schedule), e.g. diloco:2000 to see when it reaches AdamW's loss")
     ap.add_argument("--adamw-link-steps", type=int, default=0, help="0: AdamW runs all steps on the link")
+    ap.add_argument("--adamw-reference", default=None,
+                    help="an earlier adamw_reference.log of the same config, steps and flavor: copied in "
+                         "instead of running AdamW's off-link reference again (only its step time is new)")
     ap.add_argument("--flavor", default=None, help="model flavor (default: the config's)")
     ap.add_argument("--sync-interval", type=int, default=32, help="H of diloco / demo_diloco")
     ap.add_argument("--val-freq", type=int, default=100)
@@ -229,14 +235,24 @@ def main() -> int:
                     help="AdamW's gradient all-reduces per step, for the RTT model (DDP: grad bytes / 100 MB)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--table-only", action="store_true",
+                    help="train nothing: tabulate the logs already in --out (e.g. after merging two calls')")
     args, extra = ap.parse_known_args()
     extra = [a for a in extra if a != "--"]
-    methods = args.methods.split(",")
-    if unknown := [m for m in methods if m not in CONFIGS]:
+    methods = [(m, int(n) if n else args.steps) for m, _, n in (spec.partition(":") for spec in args.methods.split(","))
+               if not n or n.isdigit()]
+    if len(methods) != len(args.methods.split(",")) or any(n < 1 for _, n in methods):
+        ap.error(f"--methods {args.methods}: METHOD or METHOD:STEPS (STEPS a positive integer)")
+    if unknown := [m for m, _ in methods if m not in CONFIGS]:
         ap.error(f"unknown methods {unknown}; choose from {list(CONFIGS)}")
+    out = Path(args.out or f"outputs/shaped_{args.device}_{args.rate}").absolute()
+    if args.table_only:
+        print(table(out, args))
+        return 0
     if os.geteuid() != 0:
         ap.error("needs root (network namespaces)")
-    out = Path(args.out or f"outputs/shaped_{args.device}_{args.rate}").absolute()
+    if args.adamw_reference and not Path(args.adamw_reference).is_file():
+        ap.error(f"--adamw-reference {args.adamw_reference}: no such file")
     out.mkdir(parents=True, exist_ok=True)
     link_steps = args.adamw_link_steps or args.steps
     common = ["--metrics.log_freq", str(args.log_freq), "--validation.enable", "--validation.freq",
@@ -251,16 +267,19 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     setup_link(args.rate)
     try:
-        for m in methods:
+        for m, method_steps in methods:
             names, flags = CONFIGS[m]
             config = REPO / "train_configs" / f"{names[args.device]}.toml"
             run_flags = [*common, *flags, *extra]
             if m.endswith("diloco"):
                 run_flags += ["--flexdemo.sync_interval", str(args.sync_interval), "--flexdemo.replica_check_interval",
                               str(check_interval(config, args.sync_interval))]
-            steps = ["--training.steps", str(args.steps)]
-            if m == "adamw" and link_steps < args.steps:
-                train("adamw_reference", config, [*run_flags, *steps], out, False, args.device, args.timeout)
+            steps = ["--training.steps", str(method_steps)]
+            if m == "adamw" and link_steps < method_steps:
+                if args.adamw_reference:
+                    shutil.copyfile(args.adamw_reference, out / "adamw_reference.log")
+                else:
+                    train("adamw_reference", config, [*run_flags, *steps], out, False, args.device, args.timeout)
                 steps = ["--training.steps", str(link_steps)]
             train(m, config, [*run_flags, *steps], out, True, args.device, args.timeout)
     finally:
