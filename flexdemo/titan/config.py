@@ -82,6 +82,11 @@ class FlexDemo:
     """demo: apply each step's exchanged update one step later, so the exchange runs while the
     next forward/backward computes (the gradient then lags the update by one step)."""
 
+    validation_same_batches: bool = True
+    """With [validation] enabled: every validation scores the same held-out batches (torchtitan's
+    validator otherwise continues its dataloader, so each validation scores different text).
+    false = torchtitan's behaviour."""
+
     replica_check_interval: int = 0
     """Every N steps verify that all replicas hold bit-identical parameters (0 = never)."""
 
@@ -283,7 +288,7 @@ _OPTIMIZER_KEYS_UNUSED_BY_DEMO = ("name", "beta1", "beta2", "eps", "weight_decay
 def ignored_keys(job_config) -> list[str]:
     """``section.key`` of every key set to a non-default value that the chosen mode does not read."""
     c: FlexDemo = job_config.flexdemo
-    used = {"mode", "replica_check_interval", "replica_check_action", *_KEYS_USED[c.mode]}
+    used = {"mode", "replica_check_interval", "replica_check_action", "validation_same_batches", *_KEYS_USED[c.mode]}
     out = [f"flexdemo.{f.name}" for f in fields(FlexDemo)
            if f.name not in used and getattr(c, f.name) != f.default]
     if c.mode == "demo":

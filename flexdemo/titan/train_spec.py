@@ -1,6 +1,7 @@
 """flexdemo TrainSpecs: a stock torchtitan family with flexdemo's parallelize,
-optimizer, tokenizer/dataloader and metrics builders swapped in; model, loss, LR
-schedulers, validator, pipelining and state-dict adapter are the family's own."""
+optimizer, tokenizer/dataloader and metrics builders swapped in, and the family's validator
+rewound before each validation (flexdemo.titan.validation); model, loss, LR schedulers,
+pipelining and state-dict adapter are the family's own."""
 
 import dataclasses
 
@@ -11,6 +12,7 @@ from .flavors import EXTRA_FLAVORS
 from .metrics import build_flexdemo_metrics_processor
 from .optimizer import build_flexdemo_optimizers
 from .parallelize import wrap_parallelize
+from .validation import wrap_validator_builder
 
 # flexdemo spec name -> torchtitan model family it wraps (all shipped in 0.2.2).
 FAMILIES = {
@@ -28,6 +30,7 @@ def flexdemo_spec(base: TrainSpec, extra_flavors=None) -> TrainSpec:
         build_dataloader_fn=build_flexdemo_dataloader,
         build_tokenizer_fn=build_flexdemo_tokenizer,
         build_metrics_processor_fn=build_flexdemo_metrics_processor,
+        build_validator_fn=base.build_validator_fn and wrap_validator_builder(base.build_validator_fn),
     )
 
 

@@ -1,0 +1,120 @@
+"""[flexdemo] validation_same_batches: torchtitan's own Validator, run for real on one CPU
+process, scores the same held-out batches at every validation when the key is on, and (its
+stock behaviour, which the key exists for) different ones when it is off."""
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+
+from flexdemo.data import ensure_assets
+from flexdemo.data.dataloader import VALIDATION_DATASET_NAME
+from flexdemo.titan.validation import SameBatchesValidator, wrap_validator_builder
+
+
+@pytest.fixture(scope="module")
+def assets_dir(tmp_path_factory):
+    return ensure_assets(tmp_path_factory.mktemp("assets") / "stdlib")
+
+
+def _job_config(assets_dir, same_batches: bool):
+    from torchtitan.config import ConfigManager
+
+    return ConfigManager().parse_args([
+        "--job.custom_config_module", "flexdemo.titan.config",
+        "--model.hf_assets_path", str(assets_dir),
+        "--validation.enable", "--validation.dataset", VALIDATION_DATASET_NAME,
+        "--validation.dataset_path", str(assets_dir),
+        "--validation.seq_len", "64", "--validation.local_batch_size", "2", "--validation.steps", "3",
+        f"--flexdemo.{'' if same_batches else 'no-'}validation_same_batches",
+    ])
+
+
+class TinyLM(nn.Module):
+    """Enough of torchtitan's model protocol for its Validator (causal attention: no masks)."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.embed, self.out = nn.Embedding(vocab, 16), nn.Linear(16, vocab)
+
+    def get_attention_masks(self, *args, **kwargs):
+        raise TypeError("no masks")  # what torchtitan's SDPA models do
+
+    def forward(self, tokens):
+        return self.out(self.embed(tokens))
+
+
+class LoggedLosses:
+    """The one metrics-processor call the Validator makes."""
+
+    def __init__(self):
+        self.losses, self.ntokens_since_last_log = [], 0
+
+    def log_validation(self, loss, step):
+        self.losses.append(loss)
+
+
+@pytest.fixture(autouse=True)
+def on_cpu(monkeypatch):
+    # The Validator reads torchtitan's device type at call time; a CPU test machine may still
+    # have CUDA built in.
+    monkeypatch.setattr("torchtitan.tools.utils.device_type", "cpu")
+
+
+def _validation_losses(assets_dir, same_batches: bool, times: int = 3) -> list[float]:
+    from torchtitan.components.tokenizer import build_hf_tokenizer
+    from torchtitan.components.validate import build_validator
+    from torchtitan.distributed import ParallelDims
+
+    cfg = _job_config(assets_dir, same_batches)
+    tok = build_hf_tokenizer(cfg)
+    torch.manual_seed(0)
+    model = TinyLM(tok.get_vocab_size())  # unchanged between validations
+    metrics = LoggedLosses()
+    validator = wrap_validator_builder(build_validator)(
+        job_config=cfg, dp_world_size=1, dp_rank=0, tokenizer=tok,
+        parallel_dims=ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1),
+        loss_fn=lambda pred, labels: nn.functional.cross_entropy(
+            pred.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum"),
+        validation_context=contextlib.nullcontext, maybe_enable_amp=contextlib.nullcontext(),
+        metrics_processor=metrics,
+    )
+    assert isinstance(validator, SameBatchesValidator) == same_batches
+    for step in range(times):
+        validator.validate([model], step)
+    return metrics.losses
+
+
+def test_every_validation_scores_the_same_batches(assets_dir):
+    same = _validation_losses(assets_dir, same_batches=True)
+    assert len(same) == 3 and same[0] == same[1] == same[2]
+
+
+def test_torchtitans_own_validator_moves_on_to_new_batches(assets_dir):
+    # Why the key exists (and a guard that the test above could fail): with the key off, the
+    # same model scores a different loss at every validation, and the first equals the key-on one.
+    stock = _validation_losses(assets_dir, same_batches=False)
+    assert len(set(stock)) == 3
+    assert stock[0] == _validation_losses(assets_dir, same_batches=True, times=1)[0]
+
+
+def test_flexdemo_spec_wraps_the_family_validator(assets_dir):
+    import dataclasses
+
+    from torchtitan.models.llama3 import get_train_spec
+
+    from flexdemo.titan.train_spec import flexdemo_spec
+
+    class Loader:
+        def state_dict(self):
+            return {}
+
+    class FamilyValidator:
+        validation_dataloader = Loader()
+
+    spec = flexdemo_spec(dataclasses.replace(get_train_spec(), build_validator_fn=lambda **kw: FamilyValidator()))
+    on = spec.build_validator_fn(job_config=_job_config(assets_dir, True))
+    off = spec.build_validator_fn(job_config=_job_config(assets_dir, False))
+    assert isinstance(on, SameBatchesValidator) and isinstance(on.inner, FamilyValidator)
+    assert isinstance(off, FamilyValidator)
