@@ -53,6 +53,16 @@ def test_validation_rejects_bad_world_size():
         validate_job_config(job, 4)
 
 
+@pytest.mark.parametrize("lr", ["0", "-1e-3", "inf"])
+def test_demo_lr_checked_before_any_rank_starts(lr):
+    from flexdemo.titan.config import FlexDemoConfigError, validate_job_config
+
+    job = _job("--optimizer.lr", lr, config="cpu_2x2_flexdemo.toml")
+    with pytest.raises(FlexDemoConfigError, match=r"optimizer.lr=.*mode 'demo' needs a finite lr > 0"):
+        validate_job_config(job, 4)
+    validate_job_config(_job("--optimizer.lr", "1e-3", config="cpu_2x2_flexdemo.toml"), 4)
+
+
 def _job(*overrides, config="cpu_2x2_diloco.toml"):
     from torchtitan.config import ConfigManager
 

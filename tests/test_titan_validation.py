@@ -118,3 +118,21 @@ def test_flexdemo_spec_wraps_the_family_validator(assets_dir):
     off = spec.build_validator_fn(job_config=_job_config(assets_dir, False))
     assert isinstance(on, SameBatchesValidator) and isinstance(on.inner, FamilyValidator)
     assert isinstance(off, FamilyValidator)
+
+
+def test_trainer_scores_the_same_batches_on_four_gloo_ranks(tmp_path, assets):
+    # Through the launcher and torchtitan's Trainer, HSDP 2x2 on gloo: with lr 0 the model never
+    # changes, so each rank logs one loss at every validation exactly when the batches are the same.
+    import re
+
+    from titan_launch import CONFIGS, launch
+
+    run = launch(CONFIGS / "cpu_2x2_hsdp_adamw.toml", tmp_path / "dump",
+                 "--training.steps", "4", "--optimizer.lr", "0", "--lr_scheduler.warmup_steps", "0",
+                 "--validation.enable", "--validation.freq", "2", "--validation.steps", "3",
+                 "--validation.dataset", VALIDATION_DATASET_NAME, "--validation.local_batch_size", "2",
+                 "--validation.seq_len", "128", assets=assets, timeout=300)
+    assert run.returncode == 0, run.output[-3000:]
+    pattern = re.compile(r"validate step:\s+(\d+)\s+loss:\s+([\d.]+)")
+    losses = {int(m[1]): m[2] for line in run.rank_lines(0) if (m := pattern.search(line))}
+    assert sorted(losses) == [1, 2, 4] and len(set(losses.values())) == 1, losses

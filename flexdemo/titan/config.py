@@ -238,6 +238,9 @@ def validate_job_config(job_config, world_size: int | None) -> None:
             _fail(
                 f"replicate({rep}) x shard({shard}) x tp*pp*cp({non_dp}) != world size {world_size}"
             )
+    lr = job_config.optimizer.lr
+    if c.mode == "demo" and not (isinstance(lr, (int, float)) and 0.0 < float(lr) < float("inf")):
+        _fail(f"optimizer.lr={lr!r}; mode 'demo' needs a finite lr > 0 (the size of DeMo's sign step)")
     if job_config.optimizer.early_step_in_backward:
         _fail("optimizer.early_step_in_backward is not supported by the flexdemo train specs")
     if c.mode not in SEPARATE_REPLICA_MODES:
