@@ -24,19 +24,12 @@ fi
 if [[ "$PART" == titan || "$PART" == all ]]; then
   COMMON=(--model.flavor "$FLAVOR" --training.seq_len 2048 --training.local_batch_size 4
           --training.steps "$STEPS" --lr_scheduler.warmup_steps 20 --metrics.log_freq 5)
-  run() {  # name config extra-args...
-    local name=$1 cfg=$2; shift 2
-    echo "=== $name ($STEPS steps)"
-    timeout 240 bash scripts/launch.sh "train_configs/$cfg.toml" "${COMMON[@]}" "$@" \
-      --job.dump_folder "/tmp/runs/$name" > "$OUT_DIR/$name.log" 2>&1
-    echo "exit $?"
-    grep -E "step: *$STEPS |outer step|Error|error" "$OUT_DIR/$name.log" | grep -v Warning | tail -4
-  }
-  run ddp_adamw gpu_2gpu_ddp_adamw
-  run flexdemo_demo gpu_2gpu_flexdemo --optimizer.lr 3e-4
-  run diloco gpu_2gpu_diloco --flexdemo.sync_interval "$SYNC" --flexdemo.replica_check_interval "$((4 * SYNC))"
-  run demo_diloco gpu_2gpu_demo_diloco --flexdemo.sync_interval "$SYNC" --flexdemo.replica_check_interval "$((4 * SYNC))"
-  run demo_diloco_host_state gpu_2gpu_demo_diloco --flexdemo.sync_interval "$SYNC" --flexdemo.replica_check_interval "$((4 * SYNC))" --flexdemo.outer_state_device cpu
+  RUN_TIMEOUT=240 RUN_GREP="outer step|Error|error"
+  titan_run ddp_adamw gpu_2gpu_ddp_adamw
+  titan_run flexdemo_demo gpu_2gpu_flexdemo --optimizer.lr 3e-4
+  titan_run diloco gpu_2gpu_diloco --flexdemo.sync_interval "$SYNC" --flexdemo.replica_check_interval "$((4 * SYNC))"
+  titan_run demo_diloco gpu_2gpu_demo_diloco --flexdemo.sync_interval "$SYNC" --flexdemo.replica_check_interval "$((4 * SYNC))"
+  titan_run demo_diloco_host_state gpu_2gpu_demo_diloco --flexdemo.sync_interval "$SYNC" --flexdemo.replica_check_interval "$((4 * SYNC))" --flexdemo.outer_state_device cpu
   python3 scripts/summarize_titan_logs.py "$OUT_DIR"/{ddp_adamw,flexdemo_demo,diloco,demo_diloco,demo_diloco_host_state}.log \
     | tee "$OUT_DIR/summary.md"
 fi

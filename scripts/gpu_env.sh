@@ -12,3 +12,15 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH"
 export FD_GPU_ENV_READY=1
+
+# titan_run NAME CONFIG FLAGS...: one torchtitan run for the GPU bench scripts, with their
+# COMMON flags, console into $OUT_DIR/NAME.log, capped at RUN_TIMEOUT s; prints the exit code
+# and the log's last lines matching the final step or RUN_GREP.
+titan_run() {
+  local name=$1 cfg=$2; shift 2
+  echo "=== $name ($STEPS steps)"
+  timeout "${RUN_TIMEOUT:-240}" bash scripts/launch.sh "train_configs/$cfg.toml" "${COMMON[@]}" "$@" \
+    --job.dump_folder "/tmp/runs/$name" > "$OUT_DIR/$name.log" 2>&1
+  echo "exit $?"
+  grep -E "step: *$STEPS |${RUN_GREP:-Error|error}" "$OUT_DIR/$name.log" | grep -v Warning | tail -5
+}

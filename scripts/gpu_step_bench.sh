@@ -22,17 +22,10 @@ export NPROC=2 LOG_RANK=0,1
 COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$STEPS"
         --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq "$STEPS"
         --validation.seq_len 2048 --validation.local_batch_size 4)
-run() {  # name config extra-args...
-  local name=$1 cfg=$2; shift 2
-  echo "=== $name ($STEPS steps)"
-  timeout 200 bash scripts/launch.sh "train_configs/$cfg.toml" "${COMMON[@]}" "$@" \
-    --job.dump_folder "/tmp/runs/$name" > "$OUT_DIR/$name.log" 2>&1
-  echo "exit $?"
-  grep -E "step: *$STEPS |validate|Triton|Error|error" "$OUT_DIR/$name.log" | grep -v Warning | tail -5
-}
-run ddp_adamw gpu_2gpu_ddp_adamw
-run flexdemo gpu_2gpu_flexdemo --optimizer.lr 3e-4
-run flexdemo_overlap gpu_2gpu_flexdemo --optimizer.lr 3e-4 --flexdemo.overlap
+RUN_TIMEOUT=200 RUN_GREP="validate|Triton|Error|error"
+titan_run ddp_adamw gpu_2gpu_ddp_adamw
+titan_run flexdemo gpu_2gpu_flexdemo --optimizer.lr 3e-4
+titan_run flexdemo_overlap gpu_2gpu_flexdemo --optimizer.lr 3e-4 --flexdemo.overlap
 python3 scripts/summarize_titan_logs.py "$OUT_DIR"/{ddp_adamw,flexdemo,flexdemo_overlap}.log | tee "$OUT_DIR/summary.md"
 python3 - <<'PY' | tee "$OUT_DIR/pysource_manifest.json"
 import json
