@@ -214,6 +214,19 @@ def table(out: Path, args) -> str:
     return "\n".join(rows) + "\n"
 
 
+def parse_methods(spec: str, steps: int) -> list[tuple[str, int]]:
+    """"adamw,diloco:2000" -> [("adamw", steps), ("diloco", 2000)]; ValueError naming the bad part."""
+    out = []
+    for part in spec.split(","):
+        method, colon, n = part.partition(":")
+        if method not in CONFIGS:
+            raise ValueError(f"--methods: unknown method {method!r}; choose from {list(CONFIGS)}")
+        if colon and not (n.isdigit() and int(n) > 0):
+            raise ValueError(f"--methods: {part!r}; expected METHOD or METHOD:STEPS with STEPS a positive integer")
+        out.append((method, int(n) if colon else steps))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
@@ -239,12 +252,10 @@ def main() -> int:
                     help="train nothing: tabulate the logs already in --out (e.g. after merging two calls')")
     args, extra = ap.parse_known_args()
     extra = [a for a in extra if a != "--"]
-    methods = [(m, int(n) if n else args.steps) for m, _, n in (spec.partition(":") for spec in args.methods.split(","))
-               if not n or n.isdigit()]
-    if len(methods) != len(args.methods.split(",")) or any(n < 1 for _, n in methods):
-        ap.error(f"--methods {args.methods}: METHOD or METHOD:STEPS (STEPS a positive integer)")
-    if unknown := [m for m, _ in methods if m not in CONFIGS]:
-        ap.error(f"unknown methods {unknown}; choose from {list(CONFIGS)}")
+    try:
+        methods = parse_methods(args.methods, args.steps)
+    except ValueError as e:
+        ap.error(str(e))
     out = Path(args.out or f"outputs/shaped_{args.device}_{args.rate}").absolute()
     if args.table_only:
         print(table(out, args))

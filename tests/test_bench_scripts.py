@@ -80,6 +80,24 @@ def test_time_to_adamw_final_loss(results):
     assert f"{42.8 / 5.2:.1f}x" in row
 
 
+def test_shaped_link_methods_take_their_own_steps():
+    assert shaped_link.parse_methods("adamw,diloco:2000", 1000) == [("adamw", 1000), ("diloco", 2000)]
+    for bad in ("diloco:", "diloco:0", "diloco:x", "dilocco", "adamw,,flexdemo"):
+        with pytest.raises(ValueError, match="--methods"):
+            shaped_link.parse_methods(bad, 1000)
+
+
+def test_shaped_link_table_only_tabulates_without_root_or_training(results, tmp_path):
+    # The folder the `results` fixture filled: --table-only reads it back the same way, as any
+    # user (no namespaces, no runs).
+    table, _ = results
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "shaped_link.py"), "--table-only", "--out",
+                          str(tmp_path), "--sync-interval", "5", "--log-freq", "1", "--steps", "20"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == table.strip()
+
+
 def test_validation_table_ratios(tmp_path):
     # AdamW: 4.0 held-out, 1000 bytes a step modelled; diloco 4.2 and 50 a step; demo_diloco 4.08
     # and 2 a step (measured), never validated at step 10.
