@@ -7,6 +7,9 @@ untied 128,256-token vocabulary (1.50 B parameters; one replica, so the exchange
 Rows: DeMo (fused Triton kernels, sign values), the same with --precision tf32x3 kernels,
 DeMo's torch path, fused AdamW, and ``p.copy_(q)`` over all parameters (the memory floor of
 one read + one write). Each is the median of ``--iters`` timed steps after 2 warm-up steps.
+``--profile DIR`` also records two more steps of each DeMo row under torch.profiler and writes
+its GPU-time table per kernel (DIR/<row>.txt; the top kernels also go into the JSON), to see
+which of top-k, DCT, packing and decode the time goes to.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -44,10 +48,26 @@ def timed(fn, iters: int) -> float:
     return statistics.median(times)
 
 
+def kernel_times(step, rows: int = 25) -> tuple[str, list[dict]]:
+    """GPU time per kernel over two calls of ``step`` (after the caller's warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    table = averages.table(sort_by="cuda_time_total", row_limit=rows)
+    top = sorted(averages, key=lambda e: e.device_time_total, reverse=True)[:10]
+    return table, [{"kernel": e.key, "ms_per_step": e.device_time_total / 2e3, "calls_per_step": e.count / 2}
+                   for e in top]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", default=None, help="folder for the per-kernel GPU time of each DeMo row")
     args = ap.parse_args()
     device = torch.device("cuda")
     g = torch.Generator(device=device).manual_seed(0)
@@ -66,6 +86,10 @@ def main():
         torch.cuda.synchronize()
         rows[name] = {"first_step_s": time.perf_counter() - compile_start, "step_ms": 1e3 * timed(opt.step, args.iters),
                       "state_bytes_per_param": 4.0, "payload_bytes": opt.payload_bytes_per_step()}
+        if args.profile:
+            table, rows[name]["top_kernels"] = kernel_times(opt.step)
+            Path(args.profile).mkdir(parents=True, exist_ok=True)
+            (Path(args.profile) / f"{name}.txt").write_text(table)
         del opt
         torch.cuda.empty_cache()
 

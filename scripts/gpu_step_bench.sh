@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the per-step mode's speed (2 GPUs), results into $OUT (or ./outputs/step_bench):
 #   1. one optimizer step on GPU 0: DeMo.step (fused, tf32x3 kernels, torch path) vs fused AdamW
-#      vs a parameter copy, llama3-1B shapes (scripts/bench_optimizer_step.py);
+#      vs a parameter copy, llama3-1B shapes, and GPU time per kernel of the DeMo rows
+#      (scripts/bench_optimizer_step.py --profile; $OUT/profile/);
 #   2. torchtitan runs, llama3 1B flavor, 2 replicas x 1 shard, flexdemo_pysource: AdamW-DDP,
 #      FlexDeMo, FlexDeMo with overlap; then a summary table;
 #   3. the size of the flexdemo_pysource corpus built on this machine.
@@ -15,7 +16,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 echo "=== optimizer step (GPU 0)"
 CUDA_VISIBLE_DEVICES=0 timeout 240 python3 scripts/bench_optimizer_step.py --json "$OUT_DIR/optimizer_step.json" \
-  > "$OUT_DIR/optimizer_step.log" 2>&1
+  --profile "$OUT_DIR/profile" > "$OUT_DIR/optimizer_step.log" 2>&1
 echo "exit $?"; tail -n 40 "$OUT_DIR/optimizer_step.log"
 
 export NPROC=2 LOG_RANK=0,1
