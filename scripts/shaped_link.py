@@ -215,7 +215,8 @@ def table(out: Path, args) -> str:
 
 
 def parse_methods(spec: str, steps: int) -> list[tuple[str, int]]:
-    """"adamw,diloco:2000" -> [("adamw", steps), ("diloco", 2000)]; ValueError naming the bad part."""
+    """--methods as (method, steps) pairs: "adamw,diloco:2000" -> [("adamw", steps), ("diloco", 2000)].
+    A ValueError names the bad part."""
     out = []
     for part in spec.split(","):
         method, colon, n = part.partition(":")

@@ -122,7 +122,7 @@ def test_flexdemo_spec_wraps_the_family_validator(assets_dir):
 
 def test_trainer_scores_the_same_batches_on_four_gloo_ranks(tmp_path, assets):
     # Through the launcher and torchtitan's Trainer, HSDP 2x2 on gloo: with lr 0 the model never
-    # changes, so each rank logs one loss at every validation exactly when the batches are the same.
+    # changes, so rank 0 logs one loss at every validation exactly when the batches are the same.
     import re
 
     from titan_launch import CONFIGS, launch

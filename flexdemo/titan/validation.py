@@ -22,6 +22,11 @@ class SameBatchesValidator:
 
     def __init__(self, inner: Any):
         self.inner = inner
+        if not hasattr(inner, "validation_dataloader"):
+            raise TypeError(
+                f"[flexdemo] validation_same_batches: {type(inner).__name__} has no validation_dataloader "
+                "to rewind; set validation_same_batches = false for this model family's validator"
+            )
         # The dataloader's state before it has yielded anything: torchtitan's stateful
         # loaders restore it (and the dataset's sample index and token buffer) on load.
         self._start = copy.deepcopy(inner.validation_dataloader.state_dict())
