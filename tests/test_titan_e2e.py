@@ -28,6 +28,11 @@ def _demo_overrides():
         "--checkpoint.enable",
         "--checkpoint.interval", str(CKPT_STEP),
         "--flexdemo.replica_check_interval", str(CKPT_STEP),
+        # Held-out loss every 5 steps, same batches each time: a resumed run must score what
+        # the uninterrupted one did.
+        "--validation.enable", "--validation.freq", "5", "--validation.steps", "2",
+        "--validation.dataset", "flexdemo_stdlib_validation", "--validation.local_batch_size", "2",
+        "--validation.seq_len", "128",
     )
 
 
@@ -109,6 +114,10 @@ def test_demo_resume_is_bit_identical(demo_run, tmp_path, assets):
     # Same losses for the overlapping steps ...
     for step in range(CKPT_STEP + 1, STEPS + 1):
         assert got[step] == ref[step], (step, got[step], ref[step])
+    # ... the same held-out losses (the resumed run validates from the split's start too) ...
+    ref_val, got_val = demo_run.validation_losses(0), run.validation_losses(0)
+    assert sorted(ref_val) == [1, 5, 10, 15, 20] and sorted(got_val) == [15, 20], (ref_val, got_val)
+    assert all(got_val[s] == ref_val[s] for s in got_val), (ref_val, got_val)
     # ... the checkpointed byte counters continued ...
     assert run.exchange(0)[STEPS] == demo_run.exchange(0)[STEPS]
     # ... and bit-identical final parameters.

@@ -19,6 +19,7 @@ from process_tree import kill_tree  # noqa: E402
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 STEP_RE = re.compile(r" - INFO - step:\s*(\d+)\s+loss:\s*(\S+)\s+grad_norm:\s*(\S+)")
+VALIDATE_RE = re.compile(r" - INFO - validate step:\s*(\d+)\s+loss:\s*(\S+)")
 XCHG_RE = re.compile(
     r"flexdemo step:\s*(\d+)\s+sent_bytes: (\d+)\s+received_bytes: (\d+)\s+"
     r"sent_bytes_total: (\d+)\s+received_bytes_total: (\d+)"
@@ -46,6 +47,11 @@ class Run:
             if m := STEP_RE.search(line):
                 out[int(m.group(1))] = float(m.group(2))
         return out
+
+    def validation_losses(self, rank: int = 0) -> dict[int, float]:
+        """step -> held-out loss logged by torchtitan's validator."""
+        return {int(m.group(1)): float(m.group(2)) for line in self.rank_lines(rank)
+                if (m := VALIDATE_RE.search(line))}
 
     def exchange(self, rank: int) -> dict[int, tuple[int, int, int, int]]:
         out = {}
