@@ -8,24 +8,18 @@ import pytest
 import torch
 from torch import nn
 
-from flexdemo.data import ensure_assets
 from flexdemo.data.dataloader import VALIDATION_DATASET_NAME
 from flexdemo.titan.validation import SameBatchesValidator, wrap_validator_builder
 
 
-@pytest.fixture(scope="module")
-def assets_dir(tmp_path_factory):
-    return ensure_assets(tmp_path_factory.mktemp("assets") / "stdlib")
-
-
-def _job_config(assets_dir, same_batches: bool):
+def _job_config(assets, same_batches: bool):
     from torchtitan.config import ConfigManager
 
     return ConfigManager().parse_args([
         "--job.custom_config_module", "flexdemo.titan.config",
-        "--model.hf_assets_path", str(assets_dir),
+        "--model.hf_assets_path", str(assets),
         "--validation.enable", "--validation.dataset", VALIDATION_DATASET_NAME,
-        "--validation.dataset_path", str(assets_dir),
+        "--validation.dataset_path", str(assets),
         "--validation.seq_len", "64", "--validation.local_batch_size", "2", "--validation.steps", "3",
         f"--flexdemo.{'' if same_batches else 'no-'}validation_same_batches",
     ])
@@ -62,12 +56,12 @@ def on_cpu(monkeypatch):
     monkeypatch.setattr("torchtitan.tools.utils.device_type", "cpu")
 
 
-def _validation_losses(assets_dir, same_batches: bool, times: int = 3) -> list[float]:
+def _validation_losses(assets, same_batches: bool, times: int = 3) -> list[float]:
     from torchtitan.components.tokenizer import build_hf_tokenizer
     from torchtitan.components.validate import build_validator
     from torchtitan.distributed import ParallelDims
 
-    cfg = _job_config(assets_dir, same_batches)
+    cfg = _job_config(assets, same_batches)
     tok = build_hf_tokenizer(cfg)
     torch.manual_seed(0)
     model = TinyLM(tok.get_vocab_size())  # unchanged between validations
@@ -86,20 +80,20 @@ def _validation_losses(assets_dir, same_batches: bool, times: int = 3) -> list[f
     return metrics.losses
 
 
-def test_every_validation_scores_the_same_batches(assets_dir):
-    same = _validation_losses(assets_dir, same_batches=True)
+def test_every_validation_scores_the_same_batches(assets):
+    same = _validation_losses(assets, same_batches=True)
     assert len(same) == 3 and same[0] == same[1] == same[2]
 
 
-def test_torchtitans_own_validator_moves_on_to_new_batches(assets_dir):
+def test_torchtitans_own_validator_moves_on_to_new_batches(assets):
     # Why the key exists (and a guard that the test above could fail): with the key off, the
     # same model scores a different loss at every validation, and the first equals the key-on one.
-    stock = _validation_losses(assets_dir, same_batches=False)
+    stock = _validation_losses(assets, same_batches=False)
     assert len(set(stock)) == 3
-    assert stock[0] == _validation_losses(assets_dir, same_batches=True, times=1)[0]
+    assert stock[0] == _validation_losses(assets, same_batches=True, times=1)[0]
 
 
-def test_flexdemo_spec_wraps_the_family_validator(assets_dir):
+def test_flexdemo_spec_wraps_the_family_validator(assets):
     import dataclasses
 
     from torchtitan.models.llama3 import get_train_spec
@@ -114,8 +108,8 @@ def test_flexdemo_spec_wraps_the_family_validator(assets_dir):
         validation_dataloader = Loader()
 
     spec = flexdemo_spec(dataclasses.replace(get_train_spec(), build_validator_fn=lambda **kw: FamilyValidator()))
-    on = spec.build_validator_fn(job_config=_job_config(assets_dir, True))
-    off = spec.build_validator_fn(job_config=_job_config(assets_dir, False))
+    on = spec.build_validator_fn(job_config=_job_config(assets, True))
+    off = spec.build_validator_fn(job_config=_job_config(assets, False))
     assert isinstance(on, SameBatchesValidator) and isinstance(on.inner, FamilyValidator)
     assert isinstance(off, FamilyValidator)
 
@@ -123,8 +117,6 @@ def test_flexdemo_spec_wraps_the_family_validator(assets_dir):
 def test_trainer_scores_the_same_batches_on_four_gloo_ranks(tmp_path, assets):
     # Through the launcher and torchtitan's Trainer, HSDP 2x2 on gloo: with lr 0 the model never
     # changes, so rank 0 logs one loss at every validation exactly when the batches are the same.
-    import re
-
     from titan_launch import CONFIGS, launch
 
     run = launch(CONFIGS / "cpu_2x2_hsdp_adamw.toml", tmp_path / "dump",
@@ -133,6 +125,5 @@ def test_trainer_scores_the_same_batches_on_four_gloo_ranks(tmp_path, assets):
                  "--validation.dataset", VALIDATION_DATASET_NAME, "--validation.local_batch_size", "2",
                  "--validation.seq_len", "128", assets=assets, timeout=300)
     assert run.returncode == 0, run.output[-3000:]
-    pattern = re.compile(r"validate step:\s+(\d+)\s+loss:\s+([\d.]+)")
-    losses = {int(m[1]): m[2] for line in run.rank_lines(0) if (m := pattern.search(line))}
+    losses = run.validation_losses(0)
     assert sorted(losses) == [1, 2, 4] and len(set(losses.values())) == 1, losses

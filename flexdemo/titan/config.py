@@ -284,6 +284,7 @@ _KEYS_USED = {
     "demo_diloco": (*_OUTER_KEYS, "outer_topk", "outer_chunk", "outer_decay", "kernel_precision"),
     "off": (),
 }
+_KEYS_USED_BY_EVERY_MODE = ("mode", "replica_check_interval", "replica_check_action", "validation_same_batches")
 # [optimizer] keys that DeMo does not read (it takes lr, and [lr_scheduler] scales it).
 _OPTIMIZER_KEYS_UNUSED_BY_DEMO = ("name", "beta1", "beta2", "eps", "weight_decay", "implementation")
 
@@ -291,7 +292,7 @@ _OPTIMIZER_KEYS_UNUSED_BY_DEMO = ("name", "beta1", "beta2", "eps", "weight_decay
 def ignored_keys(job_config) -> list[str]:
     """``section.key`` of every key set to a non-default value that the chosen mode does not read."""
     c: FlexDemo = job_config.flexdemo
-    used = {"mode", "replica_check_interval", "replica_check_action", "validation_same_batches", *_KEYS_USED[c.mode]}
+    used = {*_KEYS_USED_BY_EVERY_MODE, *_KEYS_USED[c.mode]}
     out = [f"flexdemo.{f.name}" for f in fields(FlexDemo)
            if f.name not in used and getattr(c, f.name) != f.default]
     if c.mode == "demo":
