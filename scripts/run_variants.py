@@ -20,6 +20,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,14 +46,19 @@ def device_slots(per_job: int) -> list[str]:
     return [",".join(ids[i:i + per_job]) for i in range(0, len(ids) - per_job + 1, per_job)]
 
 
+def free_port() -> int:
+    """A rendezvous port no one listens on now: a fixed base collided when two sweeps shared a host."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_all(todo: list, running: list, args: argparse.Namespace, out: Path, slots: list[str]) -> None:
     """Start the jobs ``args.concurrent`` at a time; each gets ``args.timeout`` seconds."""
-    port = 29600
     while todo or running:
         while todo and len(running) < args.concurrent:
             name, cfg, flags = todo.pop(0)
-            port += 7
-            env = {**os.environ, "MASTER_PORT": str(port), "LOG_RANK": "0"}
+            env = {**os.environ, "MASTER_PORT": str(free_port()), "LOG_RANK": "0"}
             if args.nproc:
                 env["NPROC"] = args.nproc
             slot = None
