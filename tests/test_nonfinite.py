@@ -9,6 +9,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from flexdemo import DeMo
+from flexdemo.compression.exchange import any_nonfinite
 from flexdemo.optim.demo import NonFiniteGradientError
 from multiproc import run_ranks
 from toy_problem import all_ranks_equal, backward_on, make_params
@@ -144,3 +145,13 @@ def test_diloco_discards_a_cycle_that_blew_up(compression, encoding):
         skipped = results[1]
         assert skipped[1] and skipped[2] and skipped[3] and skipped[4] and skipped[5]
         assert all(r[3] and r[5] for r in results)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
+def test_the_local_check_finds_any_nonfinite_value_and_no_large_finite_one(bad):
+    # Large finite values whose squares overflow must not count: the check is max |x|, not a norm.
+    tensors = [torch.full((4, 3), 3e38), torch.zeros(0), torch.randn(5, 7).bfloat16(), torch.randn(9)]
+    if bad is not None:
+        tensors[2][4, 6] = bad
+    assert any_nonfinite(tensors, None, torch.device("cpu")) == (bad is not None)
+    assert not any_nonfinite([], None, torch.device("cpu"))

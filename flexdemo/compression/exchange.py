@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial
+from torch.nn.utils import get_total_norm
 
 # torch 2.13 deprecates all_gather_into_tensor in favour of all_gather_single (absent in 2.11).
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -49,8 +50,13 @@ def shard_group_of(params):
 def any_nonfinite(tensors, shard_group, device: torch.device) -> bool:
     """Whether any of this rank's tensors holds a non-finite value, agreed over the replica's
     shards (a MAX all-reduce on the fast link; one host sync)."""
-    flags = [~torch.isfinite(t).all() for t in tensors if t.numel()]
-    bad = torch.stack(flags).any().to(torch.float32) if flags else torch.zeros((), device=device)
+    # One multi-tensor max-|x| pass (NaN propagates through max, inf stays inf): a per-tensor
+    # isfinite().all() launched four kernels per tensor, ~14 ms of GPU time per step at 1B.
+    tensors = [t for t in tensors if t.numel()]
+    if tensors:
+        bad = (~torch.isfinite(get_total_norm(tensors, float("inf")))).to(torch.float32)
+    else:
+        bad = torch.zeros((), device=device)
     if shard_group is not None:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=shard_group)
     return bool(bad.item())
