@@ -159,23 +159,6 @@ def test_dense_decode_matches_torch(shape, chunk, k):
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-5 * ref.abs().max())
 
 
-@pytest.mark.parametrize("k", [40, 256])
-def test_chunked_densify_is_bitwise_the_one_tile_densify(k, monkeypatch):
-    # Densifying all k coefficients in one [64, k] one-hot product (the kernel before chunking)
-    # and 32 at a time give the same bits: each output has exactly one term.
-    from flexdemo.kernels import decode
-    from flexdemo.kernels.common import pow2_at_least
-
-    layout = block_layout((128, 128), 64)
-    idx, vals = _replicas(layout, k, 3, seed=9)
-    chunked = torch.full((128, 128), float("nan"))
-    fc.fused_mean_decode_many([chunked], idx, vals, [layout])
-    monkeypatch.setattr(decode, "decode_chunk", pow2_at_least)
-    whole = torch.full((128, 128), float("nan"))
-    fc.fused_mean_decode_many([whole], idx, vals, [layout])
-    assert decode.decode_chunk(k) > 32 and torch.equal(chunked, whole)
-
-
 def test_mean_decode_from_payloads_sign():
     # Full path: fused encode -> pack -> unpack (W copies with different signs) -> fused mean+decode.
     shape, layout, k = (64, 128), block_layout((64, 128), 64), 32
@@ -227,3 +210,48 @@ def test_pack_unpack_match_torch(encoding, block_numel, B, k):
     got_idx, got_vals = fc.fused_unpack_payload(payload, B, k, block_numel, encoding)
     assert got_idx.dtype == torch.int32 and torch.equal(got_idx.long(), ref_idx)
     assert torch.equal(got_vals, ref_vals)
+
+
+import triton  # noqa: E402  (after the skip guard: the interpreter must be on)
+import triton.language as tl  # noqa: E402
+
+from flexdemo.kernels.common import topk_threshold  # noqa: E402
+
+
+@triton.jit
+def _threshold_kernel(bits_ptr, out_ptr, K: tl.constexpr, TOTAL: tl.constexpr, P: tl.constexpr):
+    r = tl.arange(0, P)
+    bits = tl.load(bits_ptr + r[:, None] * P + r[None, :])
+    thr, cnt = topk_threshold(bits, K, TOTAL)
+    tl.store(out_ptr, thr)
+    tl.store(out_ptr + 1, cnt)
+
+
+@pytest.mark.parametrize("k", [1, 7, 32, 200, 256])
+@pytest.mark.parametrize("spread", ["ties", "wide", "padded"])
+def test_topk_threshold_is_the_kth_largest(k, spread):
+    # The bit search alone, on int32 tiles with many ties, full-range values and -1 padding,
+    # against sorting: either exactly k values are >= thr and they are the top k, or thr is the
+    # k-th largest value itself (ties at it).
+    g = torch.Generator().manual_seed(k)
+    for trial in range(4):
+        if spread == "ties":
+            bits = torch.randint(0, 6, (16, 16), generator=g, dtype=torch.int32) << (7 * trial)
+        else:
+            bits = torch.randint(0, 2**31 - 1, (16, 16), generator=g, dtype=torch.int32) >> (8 * trial)
+        total = 256
+        if spread == "padded":
+            bits[:, 12:] = -1
+            total = 16 * 12
+        if k > total:
+            continue
+        out = torch.zeros(2, dtype=torch.int32)
+        _threshold_kernel[(1,)](bits, out, K=k, TOTAL=total, P=16)
+        thr, cnt = out.tolist()
+        ranked = bits.flatten().sort(descending=True).values
+        kth = int(ranked[k - 1])
+        assert cnt == int((bits >= thr).sum()) >= k
+        if k == total or kth > int(ranked[k]):
+            assert cnt == k and torch.equal(bits >= thr, bits >= kth)
+        else:
+            assert thr == kth

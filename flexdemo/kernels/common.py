@@ -29,12 +29,12 @@ except Exception:  # pragma: no cover - triton is a dependency, but keep the tor
     HAVE_TRITON = False
 
 MAX_BLOCK = 64  # one 64x64 fp32 block is 32 registers per thread at 4 warps; larger would spill
-# The mean decode densifies each replica's K coefficients by one-hot products, now 32 at a time
-# (decode.decode_chunk), so its work grows linearly in K. With whole [64, K] tiles K = 1024 did
-# not finish its first decode in 2 minutes on an H200 and K = 256 outer steps took ~4.8 s at 1B
-# on an H100; chunked, K = 256 takes 0.36 s at 1B on an H200 (docs/benchmarks.md section 4; the
-# torch path is faster there but needs ~16x the GPU memory). Larger K takes the torch path.
+# Kept coefficients enter the inverse DCT as gathered basis functions, TOPK_CHUNK per product
+# (sparse_idct): the work grows linearly in K, the decode's replica-overlap count as (W * K)**2.
+# Whole [64, K] tiles spilled registers (K = 1024 did not finish in 2 minutes on an H200).
+# Larger K takes the torch path.
 MAX_TOPK = 256
+TOPK_CHUNK = 32
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -54,6 +54,15 @@ def pow2_at_least(n: int, floor: int = 16) -> int:
     while p < n:
         p *= 2
     return p
+
+
+def sparse_plan(k: int, p1: int, p2: int) -> dict:
+    """Launch constants for k kept coefficients per padded p1 x p2 block: KP (k padded to a power
+    of two), KC (coefficients per gathered-basis product, a power of two >= 16), and SPARSE_EF:
+    whether the encode's error feedback takes the gathered basis functions (k products of
+    size p1 x p2 in chunks) rather than the dense inverse DCT (two p x p x p products)."""
+    kp = pow2_at_least(k)
+    return {"KP": kp, "KC": min(kp, TOPK_CHUNK), "SPARSE_EF": kp < p1 + p2}
 
 
 def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torch.dtype = torch.float32,
@@ -118,6 +127,39 @@ if HAVE_TRITON:
         return row_off[:, None] + row_incl - x
 
     @triton.jit
+    def _count_ge(bits, t1, t2, t3):
+        # How many bits are >= each of three thresholds, in one block-wide sum: three 16-bit
+        # fields of an int64 (counts are <= 64 * 64 < 2**16). One reduction per two bits of the
+        # search instead of two: the search is latency-bound on its block-wide sums.
+        packed = ((bits >= t1).to(tl.int64) | ((bits >= t2).to(tl.int64) << 16)
+                  | ((bits >= t3).to(tl.int64) << 32))
+        s = tl.sum(tl.sum(packed, axis=1), axis=0)
+        return s & 0xFFFF, (s >> 16) & 0xFFFF, s >> 32
+
+    @triton.jit
+    def topk_threshold(bits, K: tl.constexpr, TOTAL):
+        # The k-th largest of a tile of non-negative int32 (padding -1, TOTAL values >= 0),
+        # built from the top bit down: thr, the largest pattern seen so far with
+        # cnt = count(bits >= thr) >= K. Two bits per round (three candidates counted at once),
+        # stopping early once cnt == K: then bits >= thr are exactly the top K (usually after
+        # ~8 of the 16 rounds). Otherwise thr ends as the k-th largest value itself (ties).
+        thr = tl.full([], 0, tl.int32)
+        cnt = tl.full([], 0, tl.int32) + TOTAL
+        lo = tl.full([], 29, tl.int32)  # rounds decide bits (30, 29), (28, 27), ..., (2, 1)
+        while (lo >= 1) & (cnt != K):
+            c1, c2, c3 = thr | (1 << lo), thr | (2 << lo), thr | (3 << lo)
+            n1, n2, n3 = _count_ge(bits, c1, c2, c3)
+            thr, cnt = tl.where(n1 >= K, c1, thr), tl.where(n1 >= K, n1.to(tl.int32), cnt)
+            thr, cnt = tl.where(n2 >= K, c2, thr), tl.where(n2 >= K, n2.to(tl.int32), cnt)
+            thr, cnt = tl.where(n3 >= K, c3, thr), tl.where(n3 >= K, n3.to(tl.int32), cnt)
+            lo -= 2
+        if cnt != K:  # bit 0
+            n0 = tl.sum(tl.sum((bits >= (thr | 1)).to(tl.int32), axis=1), axis=0)
+            thr = tl.where(n0 >= K, thr | 1, thr)
+            cnt = tl.where(n0 >= K, n0, cnt)
+        return thr, cnt
+
+    @triton.jit
     def round_bf16(y):
         # fp32 -> nearest bf16 (ties to even) -> fp32, by integer rounding of the top 16 bits:
         # explicit because the interpreter's .to(tl.bfloat16) truncates. NaN passes through.
@@ -136,6 +178,20 @@ if HAVE_TRITON:
         offs = rows[:, None] * C + (bj * N2 + c)[None, :]
         valid = (r[:, None] < N1) & (c[None, :] < N2)
         return offs, valid, r, c
+
+    @triton.jit
+    def sparse_idct(i, m, f1_ptr, f2_ptr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr,
+                    PREC: tl.constexpr):
+        # F1^T @ S @ F2 for a block S holding m[j] at flat index i[j] (distinct; i < 0: none):
+        # sum_j m[j] * outer(F1[r_j, :], F2[c_j, :]), one [P1, KC] x [KC, P2] product of gathered
+        # basis rows, against two [P, P] x [P, P] products for the dense block.
+        ok = i >= 0
+        i = tl.where(ok, i, 0)
+        rj = i // N2
+        cj = i - rj * N2
+        a = tl.load(f1_ptr + rj[None, :] * P1 + tl.arange(0, P1)[:, None])  # a[x, j] = F1[r_j, x]
+        bm = tl.load(f2_ptr + cj[:, None] * P2 + tl.arange(0, P2)[None, :]) * tl.where(ok, m, 0.0)[:, None]
+        return tl.dot(a, bm, input_precision=PREC)
 
     @triton.jit
     def idct_block(s, f1_ptr, f2_ptr, P1: tl.constexpr, P2: tl.constexpr, PREC: tl.constexpr):

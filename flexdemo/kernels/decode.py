@@ -21,6 +21,7 @@ from flexdemo.kernels.common import (
     num_warps,
     padded_dct,
     pow2_at_least,
+    sparse_plan,
 )
 from flexdemo.kernels.tables import align_hints, check_group, layout_tables, lr_arg, ptr_table
 
@@ -28,7 +29,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from flexdemo.kernels.common import block_offsets, idct_block
+    from flexdemo.kernels.common import block_offsets, idct_block, sparse_idct
     from flexdemo.kernels.tables import group_locate
 
     @triton.jit
@@ -59,32 +60,25 @@ if HAVE_TRITON:
     ):
         # Block b of the tensor at out_ptr, from row `row` of each replica's [num_blocks, K] idx/vals.
         offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
-        total = tl.zeros([P1, P2], dtype=tl.float32)
-        count = tl.zeros([P1, P2], dtype=tl.float32)
-        # Replicas in rank order, like mean_of_selected's scatter_adds: each coefficient's sum is
-        # ((0 + v_0) + v_1) + ... over the replicas that picked it, the same bits on every rank.
+        # IDCT(mean over the replicas that selected each coefficient) = sum over every replica's
+        # kept coefficients of value / (how many replicas kept it) times its basis function:
+        # no dense mean tile is built. KC coefficients per product (common.sparse_idct).
+        z = tl.zeros([P1, P2], dtype=tl.float32)
         for w in range(W):
             base = (w * num_blocks + row).to(tl.int64) * K
-            # KC coefficients at a time: [P1, KP] one-hot tiles spill registers for large K (top-256
-            # outer steps took seconds at 1B); a replica's indices are distinct, so every output gets
-            # its one term from exactly one chunk and the result is the same bits for any KC.
             for k0 in tl.static_range(0, KP, KC):
                 j = k0 + tl.arange(0, KC)
-                jm = j < K
-                i = tl.load(idx_ptr + base + j, mask=jm, other=0).to(tl.int32)
-                v = tl.load(vals_ptr + base + j, mask=jm, other=0.0)
-                row_j = tl.where(jm, i // N2, -1)
-                col_j = i - (i // N2) * N2
-                on_row = r[:, None] == row_j[None, :]  # [P1, KC]
-                on_col = (col_j[:, None] == c[None, :]).to(tl.float32)  # [KC, P2]
-                # Densify by one-hot products: at most one nonzero term per output, so the fp32
-                # ("ieee") dot is exact.
-                v_w = tl.dot(tl.where(on_row, v[None, :], 0.0), on_col, input_precision="ieee")
-                h_w = tl.dot(on_row.to(tl.float32), on_col, input_precision="ieee")
-                total = tl.where(h_w > 0, total + v_w, total)
-                count = count + h_w
-        m = total / tl.maximum(count, 1.0)
-        _apply(out_ptr, offs, valid, idct_block(m, f1_ptr, f2_ptr, P1, P2, PREC), lr, SIGN_UPDATE)
+                i = tl.load(idx_ptr + base + j, mask=j < K, other=-1).to(tl.int32)
+                v = tl.load(vals_ptr + base + j, mask=j < K, other=0.0)
+                n = tl.zeros([KC], dtype=tl.int32)  # replicas that kept i[j], this one included
+                for u in range(W):
+                    base_u = (u * num_blocks + row).to(tl.int64) * K
+                    for q0 in tl.static_range(0, KP, KC):
+                        q = q0 + tl.arange(0, KC)
+                        iu = tl.load(idx_ptr + base_u + q, mask=q < K, other=-2).to(tl.int32)
+                        n += tl.sum((i[:, None] == iu[None, :]).to(tl.int32), axis=1)
+                z += sparse_idct(i, v / tl.maximum(n, 1).to(tl.float32), f1_ptr, f2_ptr, N2, P1, P2, PREC)
+        _apply(out_ptr, offs, valid, z, lr, SIGN_UPDATE)
 
     @triton.jit
     def _mean_decode_kernel(
@@ -112,11 +106,6 @@ if HAVE_TRITON:
             lr = tl.load(lr_tab + t)
         _mean_decode_block(b, g, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, bpr, num_blocks, W,
                            N1, N2, P1, P2, K, KP, KC, PREC, SIGN_UPDATE)
-
-
-def decode_chunk(k: int) -> int:
-    """Kept coefficients densified per one-hot product in the mean decode (a power of two >= 16)."""
-    return min(pow2_at_least(k), 32)
 
 
 def fused_decode_update(
@@ -152,9 +141,10 @@ def fused_mean_decode_update(
         raise ValueError("fused_mean_decode_update: idx/vals must be [W, num_blocks, k], vals fp32")
     idx, vals = idx.contiguous(), vals.contiguous()
     p1, p2, f1, f2, bpr = geometry(layout, param.device)
+    plan = sparse_plan(k, p1, p2)
     _mean_decode_kernel[(B,)](
         param, idx, vals, f1, f2, float(lr), layout.cols, bpr, B, W,
-        N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k, KP=pow2_at_least(k), KC=decode_chunk(k), PREC=precision,
+        N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k, KP=plan["KP"], KC=plan["KC"], PREC=precision,
         num_warps=num_warps(p1, p2),
     )
 
@@ -176,9 +166,10 @@ def _mean_decode_many(outs, idx, vals, lr, layouts, precision: str, sign_update:
     L0 = layouts[0]
     p1, p2 = pow2_at_least(L0.n1), pow2_at_least(L0.n2)
     f1, f2 = padded_dct(L0.n1, p1, device), padded_dct(L0.n2, p2, device)
+    plan = sparse_plan(k, p1, p2)
     _mean_decode_many_kernel[(total,)](
         ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, idx, vals, f1, f2, lr_s, total, W,
-        N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k, KP=pow2_at_least(k), KC=decode_chunk(k),
+        N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k, KP=plan["KP"], KC=plan["KC"],
         LR_TABLE=lr_tab is not None, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned),
         SIGN_UPDATE=sign_update, num_warps=num_warps(p1, p2),
     )

@@ -22,6 +22,7 @@ from flexdemo.kernels.common import (
     num_warps,
     padded_dct,
     pow2_at_least,
+    sparse_plan,
 )
 from flexdemo.kernels.tables import align_hints, check_group, layout_tables, lr_arg, ptr_table
 
@@ -39,7 +40,14 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    from flexdemo.kernels.common import block_offsets, flat_exclusive_cumsum, idct_block, round_bf16
+    from flexdemo.kernels.common import (
+        block_offsets,
+        flat_exclusive_cumsum,
+        idct_block,
+        round_bf16,
+        sparse_idct,
+        topk_threshold,
+    )
     from flexdemo.kernels.tables import group_locate
 
     @triton.jit
@@ -48,6 +56,7 @@ if HAVE_TRITON:
         lr, decay, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr,
     ):
         # Block b of the tensor at delta_ptr; its idx/vals go to output row `row`.
         offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
@@ -66,21 +75,10 @@ if HAVE_TRITON:
         y = tl.dot(tl.dot(f1, x, input_precision=PREC), f2t, input_precision=PREC)
 
         # Exact top-k by magnitude: the bits of a non-negative float order like the float, so
-        # build the k-th largest |y| bit pattern from the top bit down, one counting pass per
-        # bit. Invariant: cnt = count(bits >= thr) >= K. Stop early once cnt == K (thr then
-        # separates the top K from the rest, usually after ~15 of the 31 bits).
-        # Padding gets -1 so it is never counted.
+        # the k-th largest |y| is found as a bit pattern (common.topk_threshold). Padding gets
+        # -1 so it is never counted.
         bits = tl.where(valid, tl.abs(y).to(tl.int32, bitcast=True), -1)
-        thr = tl.full([], 0, tl.int32)
-        cnt = tl.full([], N1 * N2, tl.int32)
-        bit = tl.full([], 30, tl.int32)
-        while (bit >= 0) & (cnt != K):
-            cand = thr | (1 << bit)
-            c_cand = tl.sum(tl.sum((bits >= cand).to(tl.int32), axis=1), axis=0)
-            take = c_cand >= K
-            thr = tl.where(take, cand, thr)
-            cnt = tl.where(take, c_cand, cnt)
-            bit -= 1
+        thr, cnt = topk_threshold(bits, K, N1 * N2)
         sel = bits >= thr
         if cnt != K:
             # Ties at thr: all above it, then the lowest-index ties until K are taken.
@@ -109,8 +107,19 @@ if HAVE_TRITON:
         tl.store(vals_ptr + slot, y, mask=sel)
 
         # Error feedback: remove what counts as sent.
-        s = tl.where(sel, sent, 0.0)
-        x = x - idct_block(s, f1_ptr, f2_ptr, P1, P2, PREC)
+        if SPARSE_EF:
+            # From the compacted idx/vals just stored (a barrier makes every thread's stores
+            # visible to the block): K gathered basis functions instead of two dense products.
+            tl.debug_barrier()
+            for k0 in tl.static_range(0, KP, KC):
+                j = k0 + tl.arange(0, KC)
+                i = tl.load(idx_ptr + row.to(tl.int64) * K + j, mask=j < K, other=-1)
+                v = tl.load(vals_ptr + row.to(tl.int64) * K + j, mask=j < K, other=0.0)
+                if VALUES == 1:
+                    v = round_bf16(v)
+                x = x - sparse_idct(i, v, f1_ptr, f2_ptr, N2, P1, P2, PREC)
+        else:
+            x = x - idct_block(tl.where(sel, sent, 0.0), f1_ptr, f2_ptr, P1, P2, PREC)
         tl.store(delta_ptr + offs, x, mask=valid)
 
     @triton.jit
@@ -119,10 +128,11 @@ if HAVE_TRITON:
         lr, decay, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr,
     ):
         b = tl.program_id(0)
         _encode_block(b, b, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, blocks_per_row,
-                      N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC)
+                      N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC, KP, KC, SPARSE_EF)
 
     @triton.jit
     def _encode_many_kernel(
@@ -130,6 +140,7 @@ if HAVE_TRITON:
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, MIXED_GRAD: tl.constexpr, LR_TABLE: tl.constexpr,
         VALUES: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr,
     ):
         g = tl.program_id(0)
         t, b, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
@@ -146,16 +157,16 @@ if HAVE_TRITON:
             if MIXED_GRAD:
                 if g_addr != 0:
                     _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                                  N1, N2, P1, P2, K, True, VALUES, PREC)
+                                  N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF)
                 else:
                     _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                                  N1, N2, P1, P2, K, False, VALUES, PREC)
+                                  N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF)
             else:
                 _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                              N1, N2, P1, P2, K, True, VALUES, PREC)
+                              N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF)
         else:
             _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                          N1, N2, P1, P2, K, False, VALUES, PREC)
+                          N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF)
 
 
 def fused_encode(
@@ -195,7 +206,7 @@ def fused_encode(
         delta, grad if grad is not None else delta, f1, f2, idx, vals,
         float(lr), float(decay), layout.cols, bpr,
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k,
-        HAS_GRAD=grad is not None, VALUES=values, PREC=precision,
+        HAS_GRAD=grad is not None, VALUES=values, PREC=precision, **sparse_plan(k, p1, p2),
         num_warps=num_warps(p1, p2),
     )
     return idx, vals
@@ -249,7 +260,7 @@ def fused_encode_many(
         lr_s, float(decay),
         N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=n_grad > 0, MIXED_GRAD=0 < n_grad < len(grads), LR_TABLE=lr_tab is not None,
-        VALUES=values, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned),
+        VALUES=values, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned), **sparse_plan(k, p1, p2),
         num_warps=num_warps(p1, p2),
     )
     return idx, vals
