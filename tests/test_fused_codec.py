@@ -30,6 +30,8 @@ CASES = [
     ((2, 32, 64), 32, 32),
     ((96, 64), 64, 5),
     ((32, 48), 16, 256),
+    ((2048,), 64, 32),  # 1-D (a norm weight): 1 x 64 blocks
+    ((300,), 64, 5),  # 1-D, 1 x 60 blocks (padded columns)
 ]
 
 
@@ -179,7 +181,8 @@ def test_mean_decode_from_payloads_sign():
 def test_supported_layouts():
     assert fc.fused_supported(block_layout((512, 4096), 64), DEV)
     assert fc.fused_supported(block_layout((16032, 4096), 64), DEV)  # 48-row blocks, padded
-    assert not fc.fused_supported(block_layout((4096,), 64), DEV)  # 1-D: torch path
+    assert fc.fused_supported(block_layout((4096,), 64), DEV)  # 1-D: one row of 1 x 64 blocks
+    assert not fc.fused_supported(block_layout((), 64), DEV)  # 0-D: torch path
     assert not fc.fused_supported(block_layout((256, 256), 128), DEV)  # blocks > 64
     assert not fc.fused_supported(block_layout((64, 64), 64), DEV, torch.bfloat16)
     with pytest.raises(ValueError):

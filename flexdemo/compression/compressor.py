@@ -18,7 +18,7 @@ skip (or stop) alike; :meth:`restore` puts back into an accumulator what error f
 out for a payload that was not used.
 
 Fused Triton kernels (:mod:`flexdemo.kernels`) take a bucket when all its tensors fit them
-(CUDA, fp32, >= 2-D, blocks <= 64x64); otherwise torch ops. Both give the same wire format.
+(CUDA, fp32, >= 1-D, blocks <= 64x64); otherwise torch ops. Both give the same wire format.
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torc
                     topk: int | None = None) -> bool:
     """Whether the fused kernels handle this layout on this device (else use the torch path).
 
-    Needs a tensor with at least 2 dims (``[..., R, C]``, leading dims folded into rows),
+    Needs a tensor with at least 1 dim (``[..., R, C]``, leading dims folded into rows; a 1-D
+    tensor is one row, blocks of ``1 x n2`` as in :func:`flexdemo.compression.dct.block_layout`),
     blocks of at most 64 x 64, at most MAX_TOPK coefficients kept per block, fp32 data, and a
     CUDA device (or CPU under ``TRITON_INTERPRET=1``).
     """
@@ -80,7 +81,7 @@ def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torc
         return False
     if device.type != "cuda" and not (device.type == "cpu" and INTERPRET):
         return False
-    if len(layout.shape) < 2 or layout.num_blocks == 0:
+    if len(layout.shape) < 1 or layout.num_blocks == 0:
         return False
     return 1 <= layout.n1 <= MAX_BLOCK and 1 <= layout.n2 <= MAX_BLOCK
 

@@ -238,11 +238,13 @@ class DeMo(torch.optim.Optimizer):
 
     def _decay_weights_and_create_state(self) -> None:
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    self._delta(p)  # creates the state, also for empty shards (no payload)
-                    if group["weight_decay"] != 0.0:
-                        _local(p).mul_(1.0 - group["lr"] * group["weight_decay"])
+            params = [p for p in group["params"] if p.requires_grad]
+            for p in params:
+                self._delta(p)  # creates the state, also for empty shards (no payload)
+            if group["weight_decay"] != 0.0 and params:
+                # One multi-tensor launch per group (the same bits as a mul_ per tensor): per-tensor
+                # launches were ~150 small kernels per step at 1B.
+                torch._foreach_mul_([_local(p) for p in params], 1.0 - group["lr"] * group["weight_decay"])
 
     @property
     def last_step_bytes_sent(self) -> int:
