@@ -273,6 +273,7 @@ def bench(args) -> dict:
         "encode_plus_decode_over_floor": (t_enc + t_dec) / t_floor,
         "all_fused_encode_plus_decode_over_floor": (t_enc_fp + t_dec_all) / t_floor,
         "grouped_encode_plus_decode_over_floor": (t_enc_g + t_dec_g) / t_floor,
+        "kernel_resources": kernel_resources(),
     }
     if not args.no_torch:
         t_enc_t = timed(encode_torch, device, args.iters)
@@ -283,6 +284,25 @@ def bench(args) -> dict:
             "torch_encode_plus_decode_over_floor": (t_enc_t + t_dec_t) / t_floor,
         })
     return result
+
+
+def kernel_resources() -> dict:
+    """Registers, spills and shared memory of every compiled variant of the grouped encode and
+    decode kernels (what limits how many blocks an SM runs at once); empty where this Triton
+    keeps its compiled kernels elsewhere."""
+    from flexdemo.kernels import decode, encode
+
+    out = {}
+    for name, fn in (("encode", encode._encode_many_kernel), ("decode", decode._mean_decode_many_kernel)):
+        rows = []
+        for entry in getattr(fn, "device_caches", {}).values():
+            cache = entry[0] if isinstance(entry, tuple) else entry
+            for compiled in cache.values():
+                meta = getattr(compiled, "metadata", None)
+                rows.append({"n_regs": getattr(compiled, "n_regs", None), "n_spills": getattr(compiled, "n_spills", None),
+                             "shared": getattr(meta, "shared", None), "num_warps": getattr(meta, "num_warps", None)})
+        out[name] = rows
+    return out
 
 
 def main():

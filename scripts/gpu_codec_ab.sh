@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # One device call on a 4-GPU host: the codec kernels as they are against an older copy of the
 # package (OLD_TREE, a folder holding flexdemo/, e.g. `git archive HEAD~3 flexdemo | tar -x -C .old`),
-# side by side on the same card, and torchtitan throughput with the current kernels. Into $OUT:
-#   GPU 0:    scripts/bench_optimizer_step.py, old then new (new with --profile), then new with
-#             8 warps per program (FLEXDEMO_FUSED_WARPS=8): old.json, new.json, new_w8.json;
+# side by side on the same card, then torchtitan throughput with the current kernels:
+#   GPU 0:    scripts/bench_optimizer_step.py, old then new (new with --profile): old.json, new.json;
 #   GPU 1:    the current kernels against the torch path on this card (bench_fused.py's check);
-#   GPUs 2,3: the outer step alone at top-k 32 and 256 (bench_diloco.py), old then new; then
-#             torchtitan 1B, 2 replicas x 1 shard, STEPS steps: AdamW-DDP, FlexDeMo (ieee, tf32x3,
-#             tf32x3 + overlap) and a summary table.
+#   GPUs 0,1: then torchtitan 1B, 2 replicas x 1 shard, STEPS steps: AdamW-DDP, FlexDeMo (ieee,
+#             tf32x3) and a summary table;
+#   GPUs 2,3: from the start, OUTER=1: the outer step alone at top-k 32 and 256 (bench_diloco.py),
+#             old then new; and/or recipe variants (VARIANTS_FILE, VARIANTS_ONLY, FLAVOR_VARIANTS,
+#             STEPS_VARIANTS, VAL_FREQ_VARIANTS, VARIANT_TIMEOUT as in gpu_link_and_recipe.sh).
 # Everything lands in /tmp/codec_ab, tarred into $OUT/codec_ab.tgz (a device call returns 8 files).
-#   OLD_TREE=.old_kernels STEPS=60 bash scripts/gpu_codec_ab.sh
+#   OLD_TREE=.old_kernels STEPS=80 OUTER=1 bash scripts/gpu_codec_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=/tmp/codec_ab; mkdir -p "$OUT_DIR" "${OUT:=outputs}"
@@ -18,20 +19,31 @@ OLD=$(cd "${OLD_TREE:?a folder with the old flexdemo/}" && pwd); STEPS=${STEPS:-
 (( $(nvidia-smi -L | wc -l) >= 4 )) || { echo "needs 4 GPUs" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT_DIR/gpus.txt"
 
+(  # GPUs 2,3
+  export CUDA_VISIBLE_DEVICES=2,3 NPROC=2 LOG_RANK=0,1
+  if [[ -n "${OUTER:-}" ]]; then
+    for tree in old new; do
+      pp=$PYTHONPATH; [[ $tree == old ]] && pp="$OLD:$PYTHONPATH"
+      PYTHONPATH=$pp timeout 200 torchrun --nproc_per_node 2 --master_port 29513 scripts/bench_diloco.py --flavor 1B \
+        --topk 32,256 --configs topk:scaled_sign --no-host-state --syncs 3 --json "$OUT_DIR/outer_$tree.json" \
+        > "$OUT_DIR/outer_$tree.log" 2>&1
+      echo "=== outer step ($tree): exit $?"
+    done
+  fi
+  if [[ -n "${VARIANTS_FILE:-}" ]]; then
+    NAME=recipe OUT=$OUT_DIR FLAVOR=${FLAVOR_VARIANTS:-1B} STEPS=${STEPS_VARIANTS:-1024} \
+      VAL_FREQ=${VAL_FREQ_VARIANTS:-128} CONCURRENT=1 DEVICES_PER_JOB=2 bash scripts/gpu_link_and_recipe.sh
+  fi
+) > "$OUT_DIR/gpus23.out" 2>&1 &
+
 step_bench() {  # NAME [env...]: one bench_optimizer_step run on GPU 0
   local name=$1; shift
-  env CUDA_VISIBLE_DEVICES=0 "$@" timeout 240 python3 scripts/bench_optimizer_step.py --json "$OUT_DIR/$name.json" \
+  env CUDA_VISIBLE_DEVICES=0 "$@" timeout 200 python3 scripts/bench_optimizer_step.py --json "$OUT_DIR/$name.json" \
     ${PROFILE:+--profile "$OUT_DIR/profile_$name"} > "$OUT_DIR/$name.log" 2>&1
   echo "=== $name: exit $?"
   python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['rows']
 for k, v in r.items(): print(f'{k:28s} {v[\"step_ms\"]:8.1f} ms')" "$OUT_DIR/$name.json"
 }
-(
-  step_bench old PYTHONPATH="$OLD:$PYTHONPATH"
-  PROFILE=1 step_bench new
-  step_bench new_w8 FLEXDEMO_FUSED_WARPS=8
-) > "$OUT_DIR/step_bench.out" 2>&1 &
-
 (  # GPU 1: the new kernels against the torch path on the card (scripts/bench_fused.py's check)
   for prec in ieee tf32x3; do
     CUDA_VISIBLE_DEVICES=1 timeout 200 python3 scripts/bench_fused.py --device cuda --layers 2 --iters 2 --no-torch \
@@ -39,26 +51,20 @@ for k, v in r.items(): print(f'{k:28s} {v[\"step_ms\"]:8.1f} ms')" "$OUT_DIR/$na
     echo "=== fused check ($prec): exit $?"; grep -iE "verify|mismatch|diff" "$OUT_DIR/fused_check_$prec.log" | head -5
   done
 ) > "$OUT_DIR/fused_check.out" 2>&1 &
+CHECK_PID=$!
+step_bench old PYTHONPATH="$OLD:$PYTHONPATH"
+PROFILE=1 step_bench new
+wait $CHECK_PID  # the fused check on GPU 1
 
-export CUDA_VISIBLE_DEVICES=2,3 NPROC=2 LOG_RANK=0,1
-for tree in old new; do
-  pp=$PYTHONPATH; [[ $tree == old ]] && pp="$OLD:$PYTHONPATH"
-  PYTHONPATH=$pp timeout 200 torchrun --nproc_per_node 2 --master_port 29513 scripts/bench_diloco.py --flavor 1B \
-    --topk 32,256 --configs topk:scaled_sign --no-host-state --syncs 3 --json "$OUT_DIR/outer_$tree.json" \
-    > "$OUT_DIR/outer_$tree.log" 2>&1
-  echo "=== outer step ($tree): exit $?"
-done
+export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0,1
 COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$STEPS"
         --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq "$STEPS"
         --validation.seq_len 2048 --validation.local_batch_size 4)
-RUN_TIMEOUT=200 RUN_GREP="Error|error"
+RUN_TIMEOUT=${RUN_TIMEOUT:-200} RUN_GREP="Error|error"
 titan_run ddp_adamw gpu_2gpu_ddp_adamw
 titan_run flexdemo gpu_2gpu_flexdemo --optimizer.lr 3e-4
 titan_run flexdemo_tf32x3 gpu_2gpu_flexdemo --optimizer.lr 3e-4 --flexdemo.kernel_precision tf32x3
-titan_run flexdemo_tf32x3_overlap gpu_2gpu_flexdemo --optimizer.lr 3e-4 --flexdemo.kernel_precision tf32x3 \
-  --flexdemo.overlap
-python3 scripts/summarize_titan_logs.py "$OUT_DIR"/{ddp_adamw,flexdemo,flexdemo_tf32x3,flexdemo_tf32x3_overlap}.log \
-  | tee "$OUT_DIR/summary.md"
+python3 scripts/summarize_titan_logs.py "$OUT_DIR"/{ddp_adamw,flexdemo,flexdemo_tf32x3}.log | tee "$OUT_DIR/summary.md"
 wait
-cat "$OUT_DIR/step_bench.out" "$OUT_DIR/fused_check.out"
-tar czf "$OUT/codec_ab.tgz" -C /tmp codec_ab
+cat "$OUT_DIR/fused_check.out" "$OUT_DIR/gpus23.out"
+tar czf "$OUT/codec_ab.tgz" --exclude dumps -C /tmp codec_ab
