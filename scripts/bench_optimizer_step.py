@@ -4,7 +4,7 @@ untied 128,256-token vocabulary (1.50 B parameters; one replica, so the exchange
 
   python3 scripts/bench_optimizer_step.py --json out.json
 
-Rows: DeMo (fused Triton kernels, sign values), the same with --precision tf32x3 kernels,
+Rows: DeMo (fused Triton kernels, sign values) with kernel_precision "ieee", the same with "tf32x3" (the default),
 DeMo's torch path, fused AdamW, and ``p.copy_(q)`` over all parameters (the memory floor of
 one read + one write). Each is the median of ``--iters`` timed steps after 2 warm-up steps.
 ``--profile DIR`` also records two more steps of each DeMo row under torch.profiler and writes
@@ -77,7 +77,7 @@ def main():
     numel = sum(p.numel() for p in params)
     rows = {}
 
-    for name, kw in [("demo_fused_sign", dict(fused=True)),
+    for name, kw in [("demo_fused_sign", dict(fused=True, kernel_precision="ieee")),
                      ("demo_fused_sign_tf32x3", dict(fused=True, kernel_precision="tf32x3")),
                      ("demo_torch_sign", dict(fused=False))]:
         opt = DeMo(params, lr=1e-4, compression_topk=32, value_encoding="sign", **kw)

@@ -58,7 +58,7 @@ class DeMo(torch.optim.Optimizer):
         value_encoding: str = "sign",
         fused: bool = True,
         overlap: bool = False,
-        kernel_precision: str = "ieee",
+        kernel_precision: str = "tf32x3",
         exchange_timeout: float | None = None,
         nonfinite: str = "skip",
     ):

@@ -88,7 +88,7 @@ class DiLoCo:
         replicate_group=None,
         state_device: StateDevice = "device",
         fused: bool = True,
-        kernel_precision: str = "ieee",
+        kernel_precision: str = "tf32x3",
         exchange_timeout: float | None = None,
         nonfinite: str = "skip",
     ):
