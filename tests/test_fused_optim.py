@@ -30,7 +30,8 @@ def _run(fused, steps, rank=0, encoding="sign"):
     from flexdemo import DeMo
 
     params = _params()
-    opt = DeMo(params, lr=0.01, compression_decay=0.9, compression_topk=8, value_encoding=encoding, fused=fused)
+    opt = DeMo(params, lr=0.01, compression_decay=0.9, compression_topk=8, value_encoding=encoding, fused=fused,
+               weight_decay=0.1)  # the fused decode applies the decay too
     for step in range(steps):
         for p, g in zip(params, _grads(step, rank)):
             p.grad = g

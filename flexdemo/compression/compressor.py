@@ -228,14 +228,19 @@ class TopkCompressor:
             return fused_unpack_payload(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, self.encoding)
         return unpack_payload(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, self.encoding, bucket.dtype)
 
-    def decode_sign_update(self, bucket: Bucket, idx, vals, targets: list[torch.Tensor], lr: float) -> None:
-        """``target -= lr * sign(IDCT(mean over selecting replicas))`` for every member of ``bucket``."""
+    def decode_sign_update(self, bucket: Bucket, idx, vals, targets: list[torch.Tensor], lr: float,
+                           scale: float = 1.0) -> None:
+        """``target = target * scale - lr * sign(IDCT(mean over selecting replicas))`` for every
+        member of ``bucket`` (``scale``: a decoupled weight decay, fused into the same pass)."""
         layouts = [m.layout for m in bucket.members]
         if bucket.fused:
-            fused_mean_decode_update_many(targets, idx, vals, lr, layouts, precision=self.kernel_precision)
+            fused_mean_decode_update_many(targets, idx, vals, lr, layouts, precision=self.kernel_precision,
+                                          scale=scale)
             return
         for m, t in zip(bucket.members, targets):
             rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
+            if scale != 1.0:
+                t.mul_(scale)
             t.add_(decode_mean(idx[:, rows], vals[:, rows], m.layout).sign_(), alpha=-lr)
 
     def decode_into(self, bucket: Bucket, idx, vals, member: int, out: torch.Tensor) -> torch.Tensor:

@@ -33,12 +33,13 @@ if HAVE_TRITON:
     from flexdemo.kernels.tables import group_locate
 
     @triton.jit
-    def _apply(out_ptr, offs, valid, z, lr, SIGN_UPDATE: tl.constexpr):
+    def _apply(out_ptr, offs, valid, z, lr, scale, SIGN_UPDATE: tl.constexpr):
         if SIGN_UPDATE:
-            # out -= lr * sign(z), with sign(0) == 0 like torch.sign.
+            # out = out * scale - lr * sign(z), with sign(0) == 0 like torch.sign; scale: the
+            # step's decoupled weight decay, fused here to save a pass over the parameters.
             s = tl.where(z > 0, 1.0, tl.where(z < 0, -1.0, 0.0))
             p = tl.load(out_ptr + offs, mask=valid, other=0.0)
-            tl.store(out_ptr + offs, p - s * lr, mask=valid)
+            tl.store(out_ptr + offs, p * scale - s * lr, mask=valid)
         else:
             tl.store(out_ptr + offs, z, mask=valid)
 
@@ -50,11 +51,11 @@ if HAVE_TRITON:
         b = tl.program_id(0)
         offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
         m = tl.load(mean_ptr + b.to(tl.int64) * (N1 * N2) + r[:, None] * N2 + c[None, :], mask=valid, other=0.0)
-        _apply(param_ptr, offs, valid, idct_block(m, f1_ptr, f2_ptr, P1, P2, PREC), lr, True)
+        _apply(param_ptr, offs, valid, idct_block(m, f1_ptr, f2_ptr, P1, P2, PREC), lr, 1.0, True)
 
     @triton.jit
     def _mean_decode_block(
-        b, row, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row, num_blocks, W,
+        b, row, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, scale, C, blocks_per_row, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr, SIGN_UPDATE: tl.constexpr,
     ):
@@ -78,7 +79,7 @@ if HAVE_TRITON:
                         iu = tl.load(idx_ptr + base_u + q, mask=q < K, other=-2).to(tl.int32)
                         n += tl.sum((i[:, None] == iu[None, :]).to(tl.int32), axis=1)
                 z += sparse_idct(i, v / tl.maximum(n, 1).to(tl.float32), f1_ptr, f2_ptr, N2, P1, P2, PREC)
-        _apply(out_ptr, offs, valid, z, lr, SIGN_UPDATE)
+        _apply(out_ptr, offs, valid, z, lr, scale, SIGN_UPDATE)
 
     @triton.jit
     def _mean_decode_kernel(
@@ -87,12 +88,12 @@ if HAVE_TRITON:
         KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr,
     ):
         b = tl.program_id(0)
-        _mean_decode_block(b, b, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row, num_blocks, W,
+        _mean_decode_block(b, b, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, 1.0, C, blocks_per_row, num_blocks, W,
                            N1, N2, P1, P2, K, KP, KC, PREC, True)
 
     @triton.jit
     def _mean_decode_many_kernel(
-        ptr_tab, blk_tensor_ptr, meta_ptr, lr_tab, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, num_blocks, W,
+        ptr_tab, blk_tensor_ptr, meta_ptr, lr_tab, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, scale, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, LR_TABLE: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
         SIGN_UPDATE: tl.constexpr,
@@ -104,7 +105,7 @@ if HAVE_TRITON:
             out_ptr = tl.multiple_of(out_ptr, 16)
         if LR_TABLE:
             lr = tl.load(lr_tab + t)
-        _mean_decode_block(b, g, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, bpr, num_blocks, W,
+        _mean_decode_block(b, g, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, scale, C, bpr, num_blocks, W,
                            N1, N2, P1, P2, K, KP, KC, PREC, SIGN_UPDATE)
 
 
@@ -149,7 +150,8 @@ def fused_mean_decode_update(
     )
 
 
-def _mean_decode_many(outs, idx, vals, lr, layouts, precision: str, sign_update: bool, what: str) -> None:
+def _mean_decode_many(outs, idx, vals, lr, layouts, precision: str, sign_update: bool, what: str,
+                      scale: float = 1.0) -> None:
     device = check_group(outs, layouts, "param" if sign_update else "out")
     blk_tensor, meta, total, cols_aligned = layout_tables(layouts, device)
     if idx.dim() != 3:
@@ -168,7 +170,7 @@ def _mean_decode_many(outs, idx, vals, lr, layouts, precision: str, sign_update:
     f1, f2 = padded_dct(L0.n1, p1, device), padded_dct(L0.n2, p2, device)
     plan = sparse_plan(k, p1, p2)
     _mean_decode_many_kernel[(total,)](
-        ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, idx, vals, f1, f2, lr_s, total, W,
+        ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, idx, vals, f1, f2, lr_s, float(scale), total, W,
         N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k, KP=plan["KP"], KC=plan["KC"],
         LR_TABLE=lr_tab is not None, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned),
         SIGN_UPDATE=sign_update, num_warps=num_warps(p1, p2),
@@ -183,16 +185,19 @@ def fused_mean_decode_update_many(
     layouts: list[BlockLayout],
     *,
     precision: str = "ieee",
+    scale: float = 1.0,
 ) -> None:
     """:func:`fused_mean_decode_update` of many tensors with equal blocks ``n1 x n2``, in ONE launch.
 
     ``idx`` [W, total_blocks, k] (any int dtype; e.g. :func:`flexdemo.kernels.pack.fused_unpack_payload`
     of the group's segment) and ``vals`` [W, total_blocks, k] fp32, tensor i's blocks in rows
     ``offsets[i]:offsets[i+1]`` (:func:`flexdemo.kernels.tables.group_block_offsets`). Each
-    ``params[i]`` is updated in place, bitwise as by :func:`fused_mean_decode_update`. ``lr``: a
-    float, or one per tensor.
+    ``params[i]`` is updated in place, bitwise as by :func:`fused_mean_decode_update` when ``scale``
+    is 1. ``lr``: a float, or one per tensor. ``scale``: the parameters are first multiplied by it
+    (decoupled weight decay ``1 - lr * wd``; on CUDA the multiply and the update may fuse into one
+    rounding).
     """
-    _mean_decode_many(params, idx, vals, lr, layouts, precision, True, "fused_mean_decode_update_many")
+    _mean_decode_many(params, idx, vals, lr, layouts, precision, True, "fused_mean_decode_update_many", scale)
 
 
 def fused_mean_decode_many(

@@ -144,11 +144,16 @@ class DeMo(torch.optim.Optimizer):
 
         comp = self.compressor
         # overlap: the update exchanged last step comes first, before this step's weight decay.
+        # Otherwise the weight decay rides along with this step's update (decode_sign_update's
+        # scale: one pass over the parameters, not two); nothing reads them in between.
         self._waited_seconds = 0.0
         self.last_step_skipped_by = []
         if self._pending is not None:
             self.finish_pending()
-        self._decay_weights_and_create_state()
+        self._create_state()
+        scales = self._weight_decay_scales()
+        if self.overlap:
+            self._decay_weights(scales)
         bad = self._nonfinite_here()
 
         payloads, sent = [], []
@@ -167,7 +172,7 @@ class DeMo(torch.optim.Optimizer):
             self._pending, self._pending_lrs = comp.start_exchange(payloads, flag), lrs
             self._pending_sent = sent
         else:
-            self._finish(comp.exchange(payloads, flag), lrs, sent)
+            self._finish(comp.exchange(payloads, flag), lrs, sent, scales)
         return loss
 
     def _nonfinite_here(self) -> bool:
@@ -179,12 +184,13 @@ class DeMo(torch.optim.Optimizer):
                           if p.grad is not None and not bool(torch.isfinite(_local(p.grad)).all())]
         return True
 
-    def _finish(self, gathered: torch.Tensor, lrs: list[float], sent) -> None:
-        """Apply an exchange's update, unless a replica flagged a non-finite gradient."""
+    def _finish(self, gathered: torch.Tensor, lrs: list[float], sent, scales: list[float] | None = None) -> None:
+        """Apply an exchange's update, unless a replica flagged a non-finite gradient; ``scales``:
+        this step's weight decay (one factor per group), when it was left to the update."""
         comp = self.compressor
         bad = [r for r, flag in enumerate(comp.flags(gathered)) if flag]
         if not bad:
-            self._apply(gathered, lrs)
+            self._apply(gathered, lrs, scales)
             return
         if self.nonfinite == "stop":
             here = f"; here in {', '.join(self._bad_here)}" if self._bad_here else ""
@@ -194,15 +200,19 @@ class DeMo(torch.optim.Optimizer):
             )
         for b, (idx, vals) in zip(comp.buckets, sent):  # nobody applies it: what was sent goes back
             comp.restore(b, idx, vals, [_local(self.state[m.param]["delta"]) for m in b.members])
+        if scales is not None:  # the step's weight decay still applies
+            self._decay_weights(scales)
         self.last_step_skipped_by = bad
         self._bad_here = []
 
-    def _apply(self, gathered: torch.Tensor, lrs: list[float]) -> None:
-        """``p -= lr * sign(IDCT(mean over selecting replicas))`` from every replica's bytes."""
+    def _apply(self, gathered: torch.Tensor, lrs: list[float], scales: list[float] | None) -> None:
+        """``p = p * scale - lr * sign(IDCT(mean over selecting replicas))`` from every replica's
+        bytes (``scales`` None: 1)."""
         comp = self.compressor
         for b in comp.buckets:
             idx, vals = comp.unpack(b, gathered)
-            comp.decode_sign_update(b, idx, vals, [_local(m.param) for m in b.members], lrs[b.group_index])
+            scale = scales[b.group_index] if scales is not None else 1.0
+            comp.decode_sign_update(b, idx, vals, [_local(m.param) for m in b.members], lrs[b.group_index], scale)
 
     @torch.no_grad()
     def finish_pending(self) -> None:
@@ -236,15 +246,19 @@ class DeMo(torch.optim.Optimizer):
         self._pending, self._pending_lrs = StartedExchange(gathered, None), state["lrs"].tolist()
         self._pending_sent = None  # a carried exchange is applied, or (nonfinite="stop") raises
 
-    def _decay_weights_and_create_state(self) -> None:
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.requires_grad]
-            for p in params:
-                self._delta(p)  # creates the state, also for empty shards (no payload)
-            if group["weight_decay"] != 0.0 and params:
-                # One multi-tensor launch per group (the same bits as a mul_ per tensor): per-tensor
-                # launches were ~150 small kernels per step at 1B.
-                torch._foreach_mul_([_local(p) for p in params], 1.0 - group["lr"] * group["weight_decay"])
+    def _create_state(self) -> None:
+        for p in self._trainable():
+            self._delta(p)  # also for empty shards (no payload)
+
+    def _weight_decay_scales(self) -> list[float]:
+        return [1.0 - g["lr"] * g["weight_decay"] for g in self.param_groups]
+
+    def _decay_weights(self, scales: list[float]) -> None:
+        for group, scale in zip(self.param_groups, scales):
+            params = [_local(p) for p in group["params"] if p.requires_grad]
+            if scale != 1.0 and params:
+                # One multi-tensor launch per group (the same bits as a mul_ per tensor).
+                torch._foreach_mul_(params, scale)
 
     @property
     def last_step_bytes_sent(self) -> int:
