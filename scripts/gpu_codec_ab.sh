@@ -4,8 +4,8 @@
 # side by side on the same card, then torchtitan throughput with the current kernels:
 #   GPU 0:    scripts/bench_optimizer_step.py, old then new (new with --profile): old.json, new.json;
 #   GPU 1:    the current kernels against the torch path on this card (bench_fused.py's check);
-#   GPUs 0,1: then torchtitan 1B, 2 replicas x 1 shard, STEPS steps: AdamW-DDP, FlexDeMo (ieee,
-#             tf32x3) and a summary table;
+#   GPUs 0,1: then torchtitan 1B, 2 replicas x 1 shard, STEPS steps: AdamW-DDP, FlexDeMo (overlap
+#             off, on) and a summary table;
 #   GPUs 2,3: from the start, OUTER=1: the outer step alone at top-k 32 and 256 (bench_diloco.py),
 #             old then new; and/or recipe variants (VARIANTS_FILE, VARIANTS_ONLY, FLAVOR_VARIANTS,
 #             STEPS_VARIANTS, VAL_FREQ_VARIANTS, VARIANT_TIMEOUT as in gpu_link_and_recipe.sh).
@@ -63,8 +63,8 @@ COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 
 RUN_TIMEOUT=${RUN_TIMEOUT:-200} RUN_GREP="Error|error"
 titan_run ddp_adamw gpu_2gpu_ddp_adamw
 titan_run flexdemo gpu_2gpu_flexdemo --optimizer.lr 3e-4
-titan_run flexdemo_tf32x3 gpu_2gpu_flexdemo --optimizer.lr 3e-4 --flexdemo.kernel_precision tf32x3
-python3 scripts/summarize_titan_logs.py "$OUT_DIR"/{ddp_adamw,flexdemo,flexdemo_tf32x3}.log | tee "$OUT_DIR/summary.md"
+titan_run flexdemo_overlap gpu_2gpu_flexdemo --optimizer.lr 3e-4 --flexdemo.overlap
+python3 scripts/summarize_titan_logs.py "$OUT_DIR"/{ddp_adamw,flexdemo,flexdemo_overlap}.log | tee "$OUT_DIR/summary.md"
 wait
 cat "$OUT_DIR/fused_check.out" "$OUT_DIR/gpus23.out"
 tar czf "$OUT/codec_ab.tgz" --exclude dumps -C /tmp codec_ab
