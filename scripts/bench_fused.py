@@ -299,7 +299,8 @@ def kernel_resources() -> dict:
             cache = entry[0] if isinstance(entry, tuple) else entry
             for compiled in cache.values():
                 meta = getattr(compiled, "metadata", None)
-                rows.append({"n_regs": getattr(compiled, "n_regs", None), "n_spills": getattr(compiled, "n_spills", None),
+                rows.append({"n_regs": getattr(compiled, "n_regs", None),
+                             "n_spills": getattr(compiled, "n_spills", None),
                              "shared": getattr(meta, "shared", None), "num_warps": getattr(meta, "num_warps", None)})
         out[name] = rows
     return out

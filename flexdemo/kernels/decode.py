@@ -2,10 +2,12 @@
 either the sign update ``param -= lr * sign(.)`` (per-step DeMo) or the decoded tensor
 itself (the outer step of ``demo_diloco``), one block per program.
 
-The mean has the same bits as :func:`flexdemo.compression.codec.mean_of_selected` (replicas
-summed in rank order, no atomics), so every rank decodes identically; no dense mean tensor is
-ever written. Cost grows with ``W * k``. Values must be finite (a NaN or inf value would
-make its whole block row NaN).
+Each kept coefficient enters the inverse DCT as its basis function (gathered rows of the DCT
+matrices) weighted by value / (replicas that kept it): replicas in rank order, no atomics, so
+every rank decodes the same bits; the result equals IDCT(:func:`flexdemo.compression.codec.
+mean_of_selected`) up to fp32 rounding, and no dense mean is built. Cost grows with ``W * k``
+(the overlap count with ``(W * k)**2``). Values must be finite (a NaN or inf value would make
+its whole block NaN).
 """
 
 from __future__ import annotations
@@ -88,8 +90,8 @@ if HAVE_TRITON:
         KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr,
     ):
         b = tl.program_id(0)
-        _mean_decode_block(b, b, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, 1.0, C, blocks_per_row, num_blocks, W,
-                           N1, N2, P1, P2, K, KP, KC, PREC, True)
+        _mean_decode_block(b, b, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, 1.0, C, blocks_per_row,
+                           num_blocks, W, N1, N2, P1, P2, K, KP, KC, PREC, True)
 
     @triton.jit
     def _mean_decode_many_kernel(
