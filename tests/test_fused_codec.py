@@ -18,6 +18,11 @@ from flexdemo.compression.dct import block_layout, blocks_idct
 
 fc = kernels_or_skip()
 
+import triton  # noqa: E402  (after the guard: the interpreter must be on)
+import triton.language as tl  # noqa: E402
+
+from flexdemo.kernels.common import topk_threshold  # noqa: E402
+
 DEV = torch.device("cpu")
 LR, DECAY = 1e-3, 0.9
 
@@ -213,12 +218,6 @@ def test_pack_unpack_match_torch(encoding, block_numel, B, k):
     got_idx, got_vals = fc.fused_unpack_payload(payload, B, k, block_numel, encoding)
     assert got_idx.dtype == torch.int32 and torch.equal(got_idx.long(), ref_idx)
     assert torch.equal(got_vals, ref_vals)
-
-
-import triton  # noqa: E402  (after the skip guard: the interpreter must be on)
-import triton.language as tl  # noqa: E402
-
-from flexdemo.kernels.common import topk_threshold  # noqa: E402
 
 
 @triton.jit

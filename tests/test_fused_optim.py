@@ -58,8 +58,8 @@ def test_fused_path_matches_torch_path(encoding):
 
 
 def test_topk_above_the_kernels_limit_takes_the_torch_path():
-    # The fused kernels' work grows with K (gathered basis products, replica-overlap counts): past MAX_TOPK
-    # buckets use the torch path (and still train: the step below runs it).
+    # The fused kernels' work grows with K (gathered basis products, replica-overlap counts):
+    # past MAX_TOPK buckets use the torch path (and still train: the step below runs it).
     from flexdemo import DeMo
     from flexdemo.kernels import MAX_TOPK
 
