@@ -2,7 +2,9 @@
 # One device call on a 4-GPU host: the codec kernels as they are against an older copy of the
 # package (OLD_TREE, a folder holding flexdemo/, e.g. `git archive HEAD~3 flexdemo | tar -x -C .old`),
 # side by side on the same card, then torchtitan throughput with the current kernels:
-#   GPU 0:    scripts/bench_optimizer_step.py, old then new (new with --profile): old.json, new.json;
+#   GPU 0:    scripts/bench_optimizer_step.py, old then new (new with --profile), then new with the
+#             top-k search started from its row-max bracket (FLEXDEMO_TOPK_BRACKET=1): old.json,
+#             new.json, new_bracket.json;
 #   GPU 1:    the current kernels against the torch path on this card (bench_fused.py's check);
 #   GPUs 0,1: then torchtitan 1B, 2 replicas x 1 shard, STEPS steps: AdamW-DDP, FlexDeMo (overlap
 #             off, on) and a summary table;
@@ -54,6 +56,7 @@ for k, v in r.items(): print(f'{k:28s} {v[\"step_ms\"]:8.1f} ms')" "$OUT_DIR/$na
 CHECK_PID=$!
 step_bench old PYTHONPATH="$OLD:$PYTHONPATH"
 PROFILE=1 step_bench new
+step_bench new_bracket FLEXDEMO_TOPK_BRACKET=1  # the top-k search from the row-max bracket
 wait $CHECK_PID  # the fused check on GPU 1
 
 export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0,1

@@ -221,34 +221,45 @@ def test_pack_unpack_match_torch(encoding, block_numel, B, k):
 
 
 @triton.jit
-def _threshold_kernel(bits_ptr, out_ptr, K: tl.constexpr, TOTAL: tl.constexpr, P: tl.constexpr):
+def _threshold_kernel(bits_ptr, out_ptr, K: tl.constexpr, TOTAL: tl.constexpr, P: tl.constexpr,
+                      BRACKET: tl.constexpr):
     r = tl.arange(0, P)
     bits = tl.load(bits_ptr + r[:, None] * P + r[None, :])
-    thr, cnt = topk_threshold(bits, K, TOTAL)
+    thr, cnt = topk_threshold(bits, K, TOTAL, BRACKET)
     tl.store(out_ptr, thr)
     tl.store(out_ptr + 1, cnt)
 
 
-@pytest.mark.parametrize("k", [1, 7, 32, 200, 256])
-@pytest.mark.parametrize("spread", ["ties", "wide", "padded"])
-def test_topk_threshold_is_the_kth_largest(k, spread):
-    # The bit search alone, on int32 tiles with many ties, full-range values and -1 padding,
-    # against sorting: either exactly k values are >= thr and they are the top k, or thr is the
-    # k-th largest value itself (ties at it).
+@pytest.mark.parametrize("k", [1, 7, 12, 32, 200, 256])
+@pytest.mark.parametrize("spread", ["ties", "wide", "padded", "padded_rows", "flat_rows"])
+@pytest.mark.parametrize("bracket", [False, True])
+def test_topk_threshold_is_the_kth_largest(k, spread, bracket):
+    # The bit search alone, on int32 tiles with many ties, full-range values, -1 padding (columns
+    # or rows) and rows whose maxima are all equal, against sorting: either exactly k values are
+    # >= thr and they are the top k, or thr is the k-th largest value itself (ties at it). The
+    # bracket start is valid for k <= the valid rows only (the kernels' caller checks it).
     g = torch.Generator().manual_seed(k)
+    rows = 12 if spread == "padded_rows" else 16
+    if bracket and k > rows:
+        pytest.skip("the bracket needs k <= rows")
     for trial in range(4):
         if spread == "ties":
             bits = torch.randint(0, 6, (16, 16), generator=g, dtype=torch.int32) << (7 * trial)
         else:
             bits = torch.randint(0, 2**31 - 1, (16, 16), generator=g, dtype=torch.int32) >> (8 * trial)
+        if spread == "flat_rows":  # every row's maximum the same value: an empty bracket
+            bits = bits.clamp(max=int(bits.amax(1).min()))
         total = 256
         if spread == "padded":
             bits[:, 12:] = -1
             total = 16 * 12
+        if spread == "padded_rows":
+            bits[12:, :] = -1
+            total = 12 * 16
         if k > total:
             continue
         out = torch.zeros(2, dtype=torch.int32)
-        _threshold_kernel[(1,)](bits, out, K=k, TOTAL=total, P=16)
+        _threshold_kernel[(1,)](bits, out, K=k, TOTAL=total, P=16, BRACKET=bracket)
         thr, cnt = out.tolist()
         ranked = bits.flatten().sort(descending=True).values
         kth = int(ranked[k - 1])
@@ -257,3 +268,20 @@ def test_topk_threshold_is_the_kth_largest(k, spread):
             assert cnt == k and torch.equal(bits >= thr, bits >= kth)
         else:
             assert thr == kth
+
+
+def test_encode_with_the_bracket_search_is_bitwise_the_same(monkeypatch):
+    # FLEXDEMO_TOPK_BRACKET=1 changes where the search starts, not what it selects: every output
+    # bitwise equal, on random blocks, an all-zero block (every coefficient ties) and 48-row blocks.
+    for shape, chunk, k in [((128, 192), 64, 32), ((96, 64), 64, 5), ((64, 32), 32, 32)]:
+        layout = block_layout(shape, chunk)
+        delta, grad = _data(shape, 7)
+        delta[:chunk, :chunk] = 0.0
+        grad[:chunk, :chunk] = 0.0
+        outs = []
+        for flag in ("0", "1"):
+            monkeypatch.setenv("FLEXDEMO_TOPK_BRACKET", flag)
+            d = delta.clone()
+            idx, vals = fc.fused_encode(d, grad, LR, DECAY, layout, k, "sign")
+            outs.append((d, idx, vals))
+        assert all(torch.equal(a, b) for a, b in zip(*outs))

@@ -65,6 +65,14 @@ def sparse_plan(k: int, p1: int, p2: int) -> dict:
     return {"KP": kp, "KC": min(kp, TOPK_CHUNK), "SPARSE_EF": kp < p1 + p2}
 
 
+def search_bracket(k: int, n1: int) -> bool:
+    """Whether the encode's top-k search starts from the [smallest row max, block max] bracket
+    (common.topk_threshold; valid for k <= n1 rows). Off unless FLEXDEMO_TOPK_BRACKET=1: ~3
+    fewer search rounds per block on momentum-like data (scripts/topk_search_rounds.py), not yet
+    timed on a GPU; the selection is the same either way (tested)."""
+    return os.environ.get("FLEXDEMO_TOPK_BRACKET", "0") == "1" and k <= n1
+
+
 def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torch.dtype = torch.float32,
                     topk: int | None = None) -> bool:
     """Whether the fused kernels handle this layout on this device (else use the torch path).
@@ -138,26 +146,42 @@ if HAVE_TRITON:
         return s & 0xFFFF, (s >> 16) & 0xFFFF, s >> 32
 
     @triton.jit
-    def topk_threshold(bits, K: tl.constexpr, TOTAL):
+    def topk_threshold(bits, K: tl.constexpr, TOTAL, BRACKET: tl.constexpr):
         # The k-th largest of a tile of non-negative int32 (padding -1, TOTAL values >= 0),
         # built from the top bit down: thr, the largest pattern seen so far with
         # cnt = count(bits >= thr) >= K. Two bits per round (three candidates counted at once),
         # stopping early once cnt == K: then bits >= thr are exactly the top K (usually after
-        # ~8 of the 16 rounds). Otherwise thr ends as the k-th largest value itself (ties).
+        # ~7 of the 16 rounds). Otherwise thr ends as the k-th largest value itself (ties).
         thr = tl.full([], 0, tl.int32)
         cnt = tl.full([], 0, tl.int32) + TOTAL
-        lo = tl.full([], 29, tl.int32)  # rounds decide bits (30, 29), (28, 27), ..., (2, 1)
-        while (lo >= 1) & (cnt != K):
+        hi = tl.full([], 30, tl.int32)  # the highest bit still to decide
+        if BRACKET:
+            # Caller-checked K <= valid rows: every row's maximum >= the smallest of them, so the
+            # k-th largest lies in [smallest row max, block max] and shares their common bit
+            # prefix; the search starts below it (~3 rounds fewer, for two reductions here).
+            row_max = tl.max(bits, axis=1)
+            lower = tl.min(tl.where(row_max >= 0, row_max, 0x7FFFFFFF), axis=0)
+            upper = tl.max(row_max, axis=0)
+            # The highest differing bit, from the float exponent (rounding can only raise it by
+            # one: still a common prefix above it).
+            diff = lower ^ upper
+            hi = tl.where(diff > 0, (diff.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127, -1)
+            thr = (lower >> (hi + 1)) << (hi + 1)
+            cnt = tl.full([], -1, tl.int32)  # unknown until a round counts
+        while (hi >= 1) & (cnt != K):
+            lo = hi - 1
             c1, c2, c3 = thr | (1 << lo), thr | (2 << lo), thr | (3 << lo)
             n1, n2, n3 = _count_ge(bits, c1, c2, c3)
             thr, cnt = tl.where(n1 >= K, c1, thr), tl.where(n1 >= K, n1.to(tl.int32), cnt)
             thr, cnt = tl.where(n2 >= K, c2, thr), tl.where(n2 >= K, n2.to(tl.int32), cnt)
             thr, cnt = tl.where(n3 >= K, c3, thr), tl.where(n3 >= K, n3.to(tl.int32), cnt)
-            lo -= 2
-        if cnt != K:  # bit 0
+            hi -= 2
+        if (hi == 0) & (cnt != K):  # bit 0 alone
             n0 = tl.sum(tl.sum((bits >= (thr | 1)).to(tl.int32), axis=1), axis=0)
             thr = tl.where(n0 >= K, thr | 1, thr)
             cnt = tl.where(n0 >= K, n0, cnt)
+        if cnt < 0:  # bracket start and no round took a candidate: thr is the k-th largest
+            cnt = tl.sum(tl.sum((bits >= thr).to(tl.int32), axis=1), axis=0)
         return thr, cnt
 
     @triton.jit

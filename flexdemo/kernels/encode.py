@@ -22,6 +22,7 @@ from flexdemo.kernels.common import (
     num_warps,
     padded_dct,
     pow2_at_least,
+    search_bracket,
     sparse_plan,
 )
 from flexdemo.kernels.tables import align_hints, check_group, layout_tables, lr_arg, ptr_table
@@ -56,7 +57,7 @@ if HAVE_TRITON:
         lr, decay, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
-        KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
     ):
         # Block b of the tensor at delta_ptr; its idx/vals go to output row `row`.
         offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
@@ -78,7 +79,7 @@ if HAVE_TRITON:
         # the k-th largest |y| is found as a bit pattern (common.topk_threshold). Padding gets
         # -1 so it is never counted.
         bits = tl.where(valid, tl.abs(y).to(tl.int32, bitcast=True), -1)
-        thr, cnt = topk_threshold(bits, K, N1 * N2)
+        thr, cnt = topk_threshold(bits, K, N1 * N2, BRACKET)
         sel = bits >= thr
         if cnt != K:
             # Ties at thr: all above it, then the lowest-index ties until K are taken.
@@ -128,11 +129,11 @@ if HAVE_TRITON:
         lr, decay, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
-        KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
     ):
         b = tl.program_id(0)
         _encode_block(b, b, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, blocks_per_row,
-                      N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC, KP, KC, SPARSE_EF)
+                      N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
 
     @triton.jit
     def _encode_many_kernel(
@@ -140,7 +141,7 @@ if HAVE_TRITON:
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, MIXED_GRAD: tl.constexpr, LR_TABLE: tl.constexpr,
         VALUES: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
-        KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
     ):
         g = tl.program_id(0)
         t, b, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
@@ -157,16 +158,16 @@ if HAVE_TRITON:
             if MIXED_GRAD:
                 if g_addr != 0:
                     _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                                  N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF)
+                                  N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
                 else:
                     _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                                  N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF)
+                                  N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
             else:
                 _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                              N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF)
+                              N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
         else:
             _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                          N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF)
+                          N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
 
 
 def fused_encode(
@@ -207,6 +208,7 @@ def fused_encode(
         float(lr), float(decay), layout.cols, bpr,
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=grad is not None, VALUES=values, PREC=precision, **sparse_plan(k, p1, p2),
+        BRACKET=search_bracket(k, layout.n1),
         num_warps=num_warps(p1, p2),
     )
     return idx, vals
@@ -261,6 +263,7 @@ def fused_encode_many(
         N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=n_grad > 0, MIXED_GRAD=0 < n_grad < len(grads), LR_TABLE=lr_tab is not None,
         VALUES=values, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned), **sparse_plan(k, p1, p2),
+        BRACKET=search_bracket(k, L0.n1),
         num_warps=num_warps(p1, p2),
     )
     return idx, vals
