@@ -154,7 +154,7 @@ if HAVE_TRITON:
         # ~7 of the 16 rounds). Otherwise thr ends as the k-th largest value itself (ties).
         thr = tl.full([], 0, tl.int32)
         cnt = tl.full([], 0, tl.int32) + TOTAL
-        hi = tl.full([], 30, tl.int32)  # the highest bit still to decide
+        lo = tl.full([], 29, tl.int32)  # rounds decide bits (lo + 1, lo): (30, 29), ..., (2, 1)
         if BRACKET:
             # Caller-checked K <= valid rows: every row's maximum >= the smallest of them, so the
             # k-th largest lies in [smallest row max, block max] and shares their common bit
@@ -162,26 +162,28 @@ if HAVE_TRITON:
             row_max = tl.max(bits, axis=1)
             lower = tl.min(tl.where(row_max >= 0, row_max, 0x7FFFFFFF), axis=0)
             upper = tl.max(row_max, axis=0)
-            # The highest differing bit, from the float exponent (rounding can only raise it by
-            # one: still a common prefix above it).
+            # The highest differing bit, from the float exponent, raised to an even bit so that
+            # the rounds end at (2, 1) as from bit 30 (starting higher is still a common prefix).
             diff = lower ^ upper
             hi = tl.where(diff > 0, (diff.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127, -1)
+            hi = hi + (hi & 1)
             thr = (lower >> (hi + 1)) << (hi + 1)
             cnt = tl.full([], -1, tl.int32)  # unknown until a round counts
-        while (hi >= 1) & (cnt != K):
             lo = hi - 1
+        while (lo >= 1) & (cnt != K):
             c1, c2, c3 = thr | (1 << lo), thr | (2 << lo), thr | (3 << lo)
             n1, n2, n3 = _count_ge(bits, c1, c2, c3)
             thr, cnt = tl.where(n1 >= K, c1, thr), tl.where(n1 >= K, n1.to(tl.int32), cnt)
             thr, cnt = tl.where(n2 >= K, c2, thr), tl.where(n2 >= K, n2.to(tl.int32), cnt)
             thr, cnt = tl.where(n3 >= K, c3, thr), tl.where(n3 >= K, n3.to(tl.int32), cnt)
-            hi -= 2
-        if (hi == 0) & (cnt != K):  # bit 0 alone
+            lo -= 2
+        if cnt != K:  # bit 0
             n0 = tl.sum(tl.sum((bits >= (thr | 1)).to(tl.int32), axis=1), axis=0)
             thr = tl.where(n0 >= K, thr | 1, thr)
             cnt = tl.where(n0 >= K, n0, cnt)
-        if cnt < 0:  # bracket start and no round took a candidate: thr is the k-th largest
-            cnt = tl.sum(tl.sum((bits >= thr).to(tl.int32), axis=1), axis=0)
+        if BRACKET:
+            if cnt < 0:  # no round took a candidate: thr is the k-th largest; count it once
+                cnt = tl.sum(tl.sum((bits >= thr).to(tl.int32), axis=1), axis=0)
         return thr, cnt
 
     @triton.jit
