@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on a 4-GPU host: the codec kernels as they are against an older copy of the
-# package (OLD_TREE, a folder holding flexdemo/, e.g. `git archive HEAD~3 flexdemo | tar -x -C .old`),
-# side by side on the same card, then torchtitan throughput with the current kernels:
+# package (OLD_TREE, a folder holding flexdemo/: `mkdir .old_kernels && git archive <commit> flexdemo |
+# tar -x -C .old_kernels`, listed in .git/info/exclude and carried to the device machine), side by
+# side on the same card, then torchtitan throughput with the current kernels:
 #   GPU 0:    scripts/bench_optimizer_step.py, old then new (new with --profile), then new with the
 #             top-k search started from its row-max bracket (FLEXDEMO_TOPK_BRACKET=1): old.json,
 #             new.json, new_bracket.json;
