@@ -20,7 +20,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+from ports import free_port  # noqa: E402
 from process_tree import kill_tree  # noqa: E402
 from summarize_titan_logs import validation_table  # noqa: E402
 from titan_logs import parse  # noqa: E402
@@ -44,13 +44,6 @@ def device_slots(per_job: int) -> list[str]:
     else:
         ids = []  # no GPU: the caller's check says so
     return [",".join(ids[i:i + per_job]) for i in range(0, len(ids) - per_job + 1, per_job)]
-
-
-def free_port() -> int:
-    """A rendezvous port no one listens on now: a fixed base collided when two sweeps shared a host."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_all(todo: list, running: list, args: argparse.Namespace, out: Path, slots: list[str]) -> None:

@@ -2,7 +2,6 @@
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "scripts" / "launch.sh"
 CONFIGS = REPO / "train_configs"
 sys.path.insert(0, str(REPO / "scripts"))
+from ports import free_port  # noqa: E402  (re-exported for the tests)
 from process_tree import kill_tree  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -68,12 +68,6 @@ class Run:
                 if m := DIGEST_RE.search(line):
                     out[(rank, int(m.group(1)))] = m.group(2)
         return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeout: float,
