@@ -3,12 +3,15 @@
 # package (OLD_TREE, a folder holding flexdemo/: `mkdir .old_kernels && git archive <commit> flexdemo |
 # tar -x -C .old_kernels`, listed in .git/info/exclude and carried to the device machine), side by
 # side on the same card, then torchtitan throughput with the current kernels:
-#   GPU 0:    scripts/bench_optimizer_step.py, old then new (new with --profile), then new with the
-#             top-k search started from its row-max bracket (FLEXDEMO_TOPK_BRACKET=1): old.json,
-#             new.json, new_bracket.json;
-#   GPU 1:    the current kernels against the torch path on this card (bench_fused.py's check);
-#   GPUs 0,1: then torchtitan 1B, 2 replicas x 1 shard, STEPS steps: AdamW-DDP, FlexDeMo (overlap
-#             off, on) and a summary table;
+#   GPU 0:    scripts/bench_optimizer_step.py, old (if OLD_TREE is set) then new (PROFILE=1: with
+#             --profile), then new with the top-k search started from its row-max bracket
+#             (FLEXDEMO_TOPK_BRACKET=1): old.json, new.json, new_bracket.json;
+#   GPU 1:    the current kernels against the torch path on this card (bench_fused.py's check, also
+#             with the bracket), and overlap's encode stream against the main stream
+#             (check_overlap_stream.py, and its no-wait mutation, which must fail);
+#   GPUs 0,1: then torchtitan 1B, 2 replicas x 1 shard, STEPS steps: AdamW-DDP, then the FlexDeMo
+#             runs named in TITAN_RUNS (default "flexdemo flexdemo_overlap"; a name ending in
+#             _bracket runs with FLEXDEMO_TOPK_BRACKET=1) and a summary table;
 #   GPUs 2,3: from the start, OUTER=1: the outer step alone at top-k 32 and 256 (bench_diloco.py),
 #             old then new; and/or recipe variants (VARIANTS_FILE, VARIANTS_ONLY, FLAVOR_VARIANTS,
 #             STEPS_VARIANTS, VAL_FREQ_VARIANTS, VARIANT_TIMEOUT as in gpu_link_and_recipe.sh).
@@ -18,14 +21,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=/tmp/codec_ab; mkdir -p "$OUT_DIR" "${OUT:=outputs}"
 source scripts/gpu_env.sh
-OLD=$(cd "${OLD_TREE:?a folder with the old flexdemo/}" && pwd); STEPS=${STEPS:-60}
+OLD=${OLD_TREE:+$(cd "$OLD_TREE" && pwd)}; STEPS=${STEPS:-60}
 (( $(nvidia-smi -L | wc -l) >= 4 )) || { echo "needs 4 GPUs" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT_DIR/gpus.txt"
 
 (  # GPUs 2,3
   export CUDA_VISIBLE_DEVICES=2,3 NPROC=2 LOG_RANK=0,1
   if [[ -n "${OUTER:-}" ]]; then
-    for tree in old new; do
+    for tree in ${OLD:+old} new; do
       pp=$PYTHONPATH; [[ $tree == old ]] && pp="$OLD:$PYTHONPATH"
       PYTHONPATH=$pp timeout 200 torchrun --nproc_per_node 2 --master_port 29513 scripts/bench_diloco.py --flavor 1B \
         --topk 32,256 --configs topk:scaled_sign --no-host-state --syncs 3 --json "$OUT_DIR/outer_$tree.json" \
@@ -42,21 +45,27 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 step_bench() {  # NAME [env...]: one bench_optimizer_step run on GPU 0
   local name=$1; shift
   env CUDA_VISIBLE_DEVICES=0 "$@" timeout 200 python3 scripts/bench_optimizer_step.py --json "$OUT_DIR/$name.json" \
-    ${PROFILE:+--profile "$OUT_DIR/profile_$name"} > "$OUT_DIR/$name.log" 2>&1
+    ${PROFILE_THIS:+--profile "$OUT_DIR/profile_$name"} > "$OUT_DIR/$name.log" 2>&1
   echo "=== $name: exit $?"
   python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['rows']
 for k, v in r.items(): print(f'{k:28s} {v[\"step_ms\"]:8.1f} ms')" "$OUT_DIR/$name.json"
 }
 (  # GPU 1: the new kernels against the torch path on the card (scripts/bench_fused.py's check)
-  for prec in ieee tf32x3; do
-    CUDA_VISIBLE_DEVICES=1 timeout 200 python3 scripts/bench_fused.py --device cuda --layers 2 --iters 2 --no-torch \
-      --precision $prec --json "$OUT_DIR/fused_check_$prec.json" > "$OUT_DIR/fused_check_$prec.log" 2>&1
-    echo "=== fused check ($prec): exit $?"; grep -iE "verify|mismatch|diff" "$OUT_DIR/fused_check_$prec.log" | head -5
+  for run in ieee:0 tf32x3:0 tf32x3:1; do
+    prec=${run%:*} bracket=${run#*:} name=fused_check_${run%:*}; [[ $bracket == 1 ]] && name+=_bracket
+    CUDA_VISIBLE_DEVICES=1 FLEXDEMO_TOPK_BRACKET=$bracket timeout 200 python3 scripts/bench_fused.py --device cuda \
+      --layers 2 --iters 2 --no-torch --precision $prec --json "$OUT_DIR/$name.json" > "$OUT_DIR/$name.log" 2>&1
+    echo "=== $name: exit $?"; grep -iE "verify|mismatch|diff" "$OUT_DIR/$name.log" | head -5
   done
+  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 scripts/check_overlap_stream.py > "$OUT_DIR/overlap_stream.log" 2>&1
+  echo "=== overlap stream check: exit $? (0: identical)"; tail -2 "$OUT_DIR/overlap_stream.log"
+  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 scripts/check_overlap_stream.py --mutation no-wait \
+    > "$OUT_DIR/overlap_stream_mutation.log" 2>&1
+  echo "=== overlap stream check, no-wait mutation: exit $? (1: caught)"; tail -2 "$OUT_DIR/overlap_stream_mutation.log"
 ) > "$OUT_DIR/fused_check.out" 2>&1 &
 CHECK_PID=$!
-step_bench old PYTHONPATH="$OLD:$PYTHONPATH"
-PROFILE=1 step_bench new
+[[ -n "$OLD" ]] && step_bench old PYTHONPATH="$OLD:$PYTHONPATH"
+PROFILE_THIS=${PROFILE:-} step_bench new
 step_bench new_bracket FLEXDEMO_TOPK_BRACKET=1  # the top-k search from the row-max bracket
 wait $CHECK_PID  # the fused check on GPU 1
 
@@ -66,9 +75,14 @@ COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 
         --validation.seq_len 2048 --validation.local_batch_size 4)
 RUN_TIMEOUT=${RUN_TIMEOUT:-200} RUN_GREP="Error|error"
 titan_run ddp_adamw gpu_2gpu_ddp_adamw
-titan_run flexdemo gpu_2gpu_flexdemo --optimizer.lr 3e-4
-titan_run flexdemo_overlap gpu_2gpu_flexdemo --optimizer.lr 3e-4 --flexdemo.overlap
-python3 scripts/summarize_titan_logs.py "$OUT_DIR"/{ddp_adamw,flexdemo,flexdemo_overlap}.log | tee "$OUT_DIR/summary.md"
+logs=("$OUT_DIR/ddp_adamw.log")
+for name in ${TITAN_RUNS:-flexdemo flexdemo_overlap}; do
+  flags=(--optimizer.lr 3e-4); [[ $name == *overlap* ]] && flags+=(--flexdemo.overlap)
+  bracket=0; [[ $name == *_bracket ]] && bracket=1
+  FLEXDEMO_TOPK_BRACKET=$bracket titan_run "$name" gpu_2gpu_flexdemo "${flags[@]}"
+  logs+=("$OUT_DIR/$name.log")
+done
+python3 scripts/summarize_titan_logs.py "${logs[@]}" | tee "$OUT_DIR/summary.md"
 wait
 cat "$OUT_DIR/fused_check.out" "$OUT_DIR/gpus23.out"
 tar czf "$OUT/codec_ab.tgz" --exclude dumps -C /tmp codec_ab
