@@ -67,10 +67,11 @@ def sparse_plan(k: int, p1: int, p2: int) -> dict:
 
 def search_bracket(k: int, n1: int) -> bool:
     """Whether the encode's top-k search starts from the [smallest row max, block max] bracket
-    (common.topk_threshold; valid for k <= n1 rows). Off unless FLEXDEMO_TOPK_BRACKET=1: ~3
-    fewer search rounds per block on momentum-like data (scripts/topk_search_rounds.py), not yet
-    timed on a GPU; the selection is the same either way (tested)."""
-    return os.environ.get("FLEXDEMO_TOPK_BRACKET", "0") == "1" and k <= n1
+    (common.topk_threshold; valid for k <= n1 rows): ~3 fewer search rounds per block on
+    momentum-like data (scripts/topk_search_rounds.py), DeMo.step 36.1 -> 34.0 ms on an H200
+    (docs/benchmarks.md section 5). The selection is the same either way (tested);
+    FLEXDEMO_TOPK_BRACKET=0 starts from the top bit instead, for A/B timing."""
+    return os.environ.get("FLEXDEMO_TOPK_BRACKET", "1") != "0" and k <= n1
 
 
 def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torch.dtype = torch.float32,

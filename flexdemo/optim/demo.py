@@ -16,9 +16,7 @@ so replicas that start identical stay bit-identical.
 With ``overlap=True`` the all_gather of step t is started and not waited for; its update is
 applied at the start of step t+1 (before that step's weight decay), so the exchange runs while
 the next forward/backward computes: the gradient of step t+1 does not yet see update t (one
-step of delay, as production ports of DeMo do). On CUDA the encode of step t (momentum, DCT,
-top-k, error feedback, packing) runs on a stream of its own as well, beside the next forward:
-it reads only the gradients and the momentum, never the parameters that forward reads.
+step of delay, as production ports of DeMo do).
 
 A non-finite gradient on any shard of a replica is found before anything is sent (agreed over
 the replica's shards, on the fast link) and counts as zero there; the replica says so in its
@@ -80,7 +78,6 @@ class DeMo(torch.optim.Optimizer):
         self.kernel_precision = kernel_precision
         self.exchange_timeout = exchange_timeout
         self._pending: StartedExchange | None = None  # overlap: the last step's exchange
-        self._encode_stream = None  # overlap on CUDA: where each step's encode runs (set below)
         self._pending_lrs: list[float] = []
         self._waited_seconds = 0.0
         # Fused Triton kernels where they apply (CUDA, fp32, >= 2-D, blocks <= 64x64).
@@ -104,8 +101,6 @@ class DeMo(torch.optim.Optimizer):
         check_replicate_group(self._trainable(), replicate_group, who="DeMo")
         self._shard_group = shard_group_of(self._trainable())
         self.compressor = self._build_compressor()
-        if overlap and self.compressor.device.type == "cuda":
-            self._encode_stream = torch.cuda.Stream(self.compressor.device)
 
     def _trainable(self):
         return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
@@ -160,32 +155,7 @@ class DeMo(torch.optim.Optimizer):
         if self.overlap:
             self._decay_weights(scales)
         bad = self._nonfinite_here()
-        lrs = [g["lr"] for g in self.param_groups]
-        flag = torch.tensor([int(bad)], dtype=torch.uint8)
-        if not self.overlap:
-            payloads, sent = self._encode(bad)
-            self._finish(comp.exchange(payloads, flag), lrs, sent, scales)
-            return loss
-        side = self._encode_stream
-        if side is None:
-            payloads, sent = self._encode(bad)
-            self._pending = comp.start_exchange(payloads, flag)
-        else:
-            # Everything this step wrote so far (the update, weight decay, a restored momentum)
-            # comes first; the next forward/backward does not wait for the encode.
-            side.wait_stream(torch.cuda.current_stream(comp.device))
-            with torch.cuda.stream(side):
-                payloads, sent = self._encode(bad)
-                self._pending = comp.start_exchange(payloads, flag)
-            for p in self._trainable():
-                if p.grad is not None:  # freed by zero_grad: not reused before the encode read it
-                    _local(p.grad).record_stream(side)
-        self._pending_lrs, self._pending_sent = lrs, sent
-        return loss
 
-    def _encode(self, bad: bool):
-        """Every bucket's ``(idx, vals)`` and packed payload, from its momentum and gradients."""
-        comp = self.compressor
         payloads, sent = [], []
         for b in comp.buckets:
             group = self.param_groups[b.group_index]
@@ -196,12 +166,14 @@ class DeMo(torch.optim.Optimizer):
             idx, vals = comp.select(b, deltas, grads, scale=group["lr"], decay=group["compression_decay"])
             sent.append((idx, vals))
             payloads.append(comp.pack(b, idx, vals))
-        return payloads, sent
-
-    def _join_encode(self) -> None:
-        """The caller's stream waits for the encode in flight (before anyone reads the momentum)."""
-        if self._encode_stream is not None:
-            torch.cuda.current_stream(self.compressor.device).wait_stream(self._encode_stream)
+        lrs = [g["lr"] for g in self.param_groups]
+        flag = torch.tensor([int(bad)], dtype=torch.uint8)
+        if self.overlap:
+            self._pending, self._pending_lrs = comp.start_exchange(payloads, flag), lrs
+            self._pending_sent = sent
+        else:
+            self._finish(comp.exchange(payloads, flag), lrs, sent, scales)
+        return loss
 
     def _nonfinite_here(self) -> bool:
         """Whether any local gradient of this replica is non-finite (agreed over its shards)."""
@@ -246,7 +218,6 @@ class DeMo(torch.optim.Optimizer):
     def finish_pending(self) -> None:
         """overlap: wait for the exchange in flight and apply its update now."""
         if self._pending is not None:
-            self._join_encode()
             gathered = self._pending.result()
             self._waited_seconds = self._pending.waited_seconds
             pending, self._pending = self._pending, None
@@ -257,7 +228,6 @@ class DeMo(torch.optim.Optimizer):
         """overlap: the exchange in flight (waited for), to checkpoint with fixed shapes:
         ``pending`` (0/1), every replica's ``bytes``, and the ``lrs`` (one per param group)
         its update is applied with."""
-        self._join_encode()  # the momentum is saved beside it
         groups = len(self.param_groups)
         size = self.replica_world_size * self.compressor.nbytes
         if self._pending is not None and self.nonfinite == "skip" and any(self.compressor.flags(self._pending.result())):
@@ -267,19 +237,6 @@ class DeMo(torch.optim.Optimizer):
                     "lrs": torch.zeros(groups, dtype=torch.float64)}
         return {"pending": torch.ones(1, dtype=torch.int64), "bytes": self._pending.result().reshape(-1).cpu(),
                 "lrs": torch.tensor(self._pending_lrs, dtype=torch.float64)}
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if not set_to_none:
-            self._join_encode()  # zeroing in place must wait until the encode has read them
-        super().zero_grad(set_to_none)
-
-    def state_dict(self):
-        self._join_encode()  # the momentum in it is read later, on the caller's stream
-        return super().state_dict()
-
-    def load_state_dict(self, state_dict) -> None:
-        self._join_encode()  # the encode in flight must not write the momentum after the load
-        super().load_state_dict(state_dict)
 
     def load_pending_state(self, state: dict[str, torch.Tensor]) -> None:
         if not int(state["pending"].item()):
