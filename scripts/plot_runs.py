@@ -87,19 +87,19 @@ def plot(all_series: list[Series], out_dir: Path, title: str = "") -> list[Path]
 
 def shaped_link_series(folder: Path) -> list[Series]:
     """The methods of a scripts/shaped_link.py folder, wall time with its latency model added
-    (results.json): each validation's measured time + steps x collectives per step x RTT; AdamW's
-    curve from its off-link reference run when it ran only a few steps on the link, its time
-    then extrapolated from the step time measured there."""
+    (results.json): each validation's measured time + steps x collectives per step x RTT; a
+    method that ran only a few steps on the link has its curve from its off-link reference run
+    (METHOD_reference.log), its time extrapolated from the step time measured on the link."""
     res = json.loads((folder / "results.json").read_text())
     rtt = res["args"]["rtt_ms"] / 1000
     out = []
     for m, r in res["methods"].items():
         run = parse(folder / f"{m}.log", m)
         label = f"{m} (+{res['args']['rtt_ms']:g} ms RTT model)"
-        if m == "adamw" and (folder / "adamw_reference.log").is_file():
-            run = parse(folder / "adamw_reference.log", m)
+        if (folder / f"{m}_reference.log").is_file():  # a few steps on the link, the curve off it
+            run = parse(folder / f"{m}_reference.log", m)
             seconds = {s: s * r["seconds_per_step"] for s in run.validation}
-            label = f"adamw (time: {r['steps']} steps measured on the link, extrapolated; + RTT model)"
+            label = f"{m} (time: {r['steps']} steps measured on the link, extrapolated; + RTT model)"
         else:
             seconds = dict(run.validation_time)
         seconds = {s: t + s * r["collectives_per_step"] * rtt for s, t in seconds.items()}

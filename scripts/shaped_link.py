@@ -14,10 +14,12 @@ These kernels have no netem, so latency cannot be emulated: a labelled model add
   python3 scripts/shaped_link.py --device cpu --rate 50mbit --steps 10 --out outputs/shaped_cpu
 
 The table covers every method logged in --out (so two calls can fill one folder) against AdamW's
-final validation loss.  AdamW on a slow link is the slow part: --adamw-link-steps N measures its step time on the link
-for N steps only; its loss curve then comes from a full run off the link (same math, same data:
-`adamw_reference`), and its time to loss is extrapolated from the measured step time (said so in
-the table).  Extra torchtitan flags after `--` go to every run.  Namespaces are removed at exit.
+final validation loss.  A method that is slow on the link (AdamW; at 1B any method) can run only a
+few steps there: --link-steps METHOD:N measures its step time on the link for N steps (each step
+logged); its loss curve then comes from a full run of the same config off the link
+(`METHOD_reference`: run here, or an earlier log given by --reference METHOD:LOG), and its time to
+loss is extrapolated from the measured step time (said so in the table).  DiLoCo modes time whole
+sync cycles.  Extra torchtitan flags after `--` go to every run.  Namespaces are removed at exit.
 """
 
 from __future__ import annotations
@@ -163,39 +165,42 @@ def table(out: Path, args) -> str:
     runs = {m: parse(out / f"{m}.log", m) for m in CONFIGS if (out / f"{m}.log").is_file()}
     if "adamw" not in runs:
         return f"no adamw.log in {out}: nothing to time the methods against\n"
-    ref = runs["adamw"]
-    if (out / "adamw_reference.log").is_file():
-        ref = parse(out / "adamw_reference.log", "adamw_reference")
+    # A method's loss curve: its full run off the link when it ran only a few steps on it.
+    curves = {m: parse(out / f"{m}_reference.log", f"{m}_reference") if (out / f"{m}_reference.log").is_file()
+              else run for m, run in runs.items()}
+    ref = curves["adamw"]
     if not ref.validation:
         return "no validation loss from AdamW: nothing to compare against\n"
     target = ref.validation[max(ref.validation)]
     rows, results = [], {}
     for m, run in runs.items():
-        sps = seconds_per_step(run)
+        sps = seconds_per_step(run, args.sync_interval if m.endswith("diloco") else 1)
         coll = collectives_per_step(m, args.sync_interval, args.log_freq, args.adamw_buckets)
         rtt_s = args.rtt_ms / 1000
-        curve = ref if m == "adamw" and ref is not run else run
+        curve = curves[m]
         hit = first_reach(curve, target)
-        if hit and curve is ref and ref is not run:
+        if hit and curve is not run:
             t_hit, how = hit[0] * sps, f"extrapolated: {hit[0]} steps x {sps:.3f} s measured on the link"
         elif hit:
             t_hit, how = hit[1], "measured"
         else:
             t_hit, how = math.nan, "not reached"
         t_model = t_hit + (hit[0] if hit else 0) * coll * rtt_s
-        last_x = last_exchange(run)
+        bytes_from = curve if last_exchange(curve) else run  # the whole run's bytes
+        last_x = last_exchange(bytes_from)
         final_val = curve.validation[max(curve.validation)] if curve.validation else math.nan
-        results[m] = dict(steps=max(run.loss, default=0), seconds_per_step=sps, validation_loss=final_val,
+        results[m] = dict(steps=max(run.loss, default=0), curve_steps=max(curve.loss, default=0),
+                          seconds_per_step=sps, validation_loss=final_val,
                           reached_at_step=hit[0] if hit else None, seconds_to_target=t_hit, how=how,
                           seconds_to_target_with_rtt=t_model, collectives_per_step=coll,
                           tokens_per_s_per_gpu=mean_tokens_per_s(run),
                           bytes_received_total=last_x.received_total if last_x else None,
-                          bytes_modelled=run.bytes_modelled)
+                          bytes_modelled=bytes_from.bytes_modelled)
     base = results["adamw"]["seconds_to_target_with_rtt"]  # AdamW's own time to its final loss
     dense = results.get("diloco", {}).get("seconds_to_target_with_rtt", math.nan)
     rows.append(f"target: AdamW's final validation loss {target:.4f} (step {max(ref.validation)}); "
                 f"link {args.rate} tbf, modelled RTT {args.rtt_ms} ms\n")
-    rows.append("| method | steps run | val loss (last) | reached at step | s to target, measured | "
+    rows.append("| method | steps on the link / of the curve | val loss (last) | reached at step | s to target, measured | "
                 "+ RTT model | speed-up vs AdamW | vs diloco | tokens/s/GPU | s/step | bytes received per rank, "
                 "whole run | how |")
     rows.append("|" + "---|" * 12)
@@ -205,7 +210,7 @@ def table(out: Path, args) -> str:
 
     for m, r in results.items():
         t = r["seconds_to_target_with_rtt"]
-        rows.append(f"| {m} | {r['steps']} | {num(r['validation_loss'], '.4f')} | {num(r['reached_at_step'], 'd')} | "
+        rows.append(f"| {m} | {r['steps']} / {r['curve_steps']} | {num(r['validation_loss'], '.4f')} | {num(r['reached_at_step'], 'd')} | "
                     f"{num(r['seconds_to_target'], '.1f')} | {num(t, '.1f')} | {num(base / t, '.1f')}{'x' * (t == t)} | "
                     f"{num(dense / t, '.2f')}{'x' * (dense == dense and t == t)} | {num(r['tokens_per_s_per_gpu'], ',.0f')} | "
                     f"{num(r['seconds_per_step'], '.3f')} | {num(r['bytes_received_total'], ',')}"
@@ -217,14 +222,38 @@ def table(out: Path, args) -> str:
 def parse_methods(spec: str, steps: int) -> list[tuple[str, int]]:
     """--methods as (method, steps) pairs: "adamw,diloco:2000" -> [("adamw", steps), ("diloco", 2000)].
     A ValueError names the bad part."""
+    return [(m, n if n is not None else steps) for m, n in _method_pairs(spec, "--methods", optional=True)]
+
+
+def _method_pairs(spec: str, flag: str, optional: bool) -> list[tuple[str, int | None]]:
+    """"a,b:N" -> [(a, None), (b, N)] with known methods and positive N (required unless optional)."""
     out = []
     for part in spec.split(","):
         method, colon, n = part.partition(":")
         if method not in CONFIGS:
-            raise ValueError(f"--methods: unknown method {method!r}; choose from {list(CONFIGS)}")
-        if colon and not (n.isdigit() and int(n) > 0):
-            raise ValueError(f"--methods: {part!r}; expected METHOD or METHOD:STEPS with STEPS a positive integer")
-        out.append((method, int(n) if colon else steps))
+            raise ValueError(f"{flag}: unknown method {method!r}; choose from {list(CONFIGS)}")
+        if (colon or not optional) and not (n.isdigit() and int(n) > 0):
+            form = "METHOD or METHOD:STEPS" if optional else "METHOD:STEPS"
+            raise ValueError(f"{flag}: {part!r}; expected {form} with STEPS a positive integer")
+        out.append((method, int(n) if colon else None))
+    return out
+
+
+def parse_link_steps(spec: str) -> dict[str, int]:
+    """--link-steps "adamw:20,diloco:65" -> {"adamw": 20, "diloco": 65}."""
+    return dict(_method_pairs(spec, "--link-steps", optional=False)) if spec else {}
+
+
+def parse_references(spec: str) -> dict[str, Path]:
+    """--reference "adamw:LOG,flexdemo:LOG" -> {method: path}; every path must exist."""
+    out = {}
+    for part in filter(None, spec.split(",")):
+        method, colon, path = part.partition(":")
+        if method not in CONFIGS or not colon or not path:
+            raise ValueError(f"--reference: {part!r}; expected METHOD:LOG with METHOD one of {list(CONFIGS)}")
+        if not Path(path).is_file():
+            raise ValueError(f"--reference: {path}: no such file")
+        out[method] = Path(path)
     return out
 
 
@@ -236,10 +265,14 @@ def main() -> int:
     ap.add_argument("--methods", default="adamw,flexdemo,flexdemo_overlap,diloco,demo_diloco",
                     help="comma-separated; METHOD:STEPS gives one method its own run length (its own cosine "
                          "schedule), e.g. diloco:2000 to see when it reaches AdamW's loss")
-    ap.add_argument("--adamw-link-steps", type=int, default=0, help="0: AdamW runs all steps on the link")
-    ap.add_argument("--adamw-reference", default=None,
-                    help="an earlier adamw_reference.log of the same config, steps and flavor: copied in "
-                         "instead of running AdamW's off-link reference again (only its step time is new)")
+    ap.add_argument("--link-steps", default="",
+                    help="METHOD:N,...: run METHOD only N steps on the link (its step time; every step logged), "
+                         "its loss curve from a full run off the link (METHOD_reference)")
+    ap.add_argument("--reference", default="",
+                    help="METHOD:LOG,...: an earlier off-link log of the same config, steps and flavor, copied in as "
+                         "METHOD_reference instead of running it again (only the step time on the link is new)")
+    ap.add_argument("--adamw-link-steps", type=int, default=0, help="the same as --link-steps adamw:N")
+    ap.add_argument("--adamw-reference", default=None, help="the same as --reference adamw:LOG")
     ap.add_argument("--flavor", default=None, help="model flavor (default: the config's)")
     ap.add_argument("--sync-interval", type=int, default=32, help="H of diloco / demo_diloco")
     ap.add_argument("--val-freq", type=int, default=100)
@@ -255,6 +288,12 @@ def main() -> int:
     extra = [a for a in extra if a != "--"]
     try:
         methods = parse_methods(args.methods, args.steps)
+        link_steps = parse_link_steps(args.link_steps)
+        references = parse_references(args.reference)
+        if args.adamw_link_steps:
+            link_steps.setdefault("adamw", args.adamw_link_steps)
+        if args.adamw_reference:
+            references.update(parse_references(f"adamw:{args.adamw_reference}"))
     except ValueError as e:
         ap.error(str(e))
     out = Path(args.out or f"outputs/shaped_{args.device}_{args.rate}").absolute()
@@ -263,10 +302,7 @@ def main() -> int:
         return 0
     if os.geteuid() != 0:
         ap.error("needs root (network namespaces)")
-    if args.adamw_reference and not Path(args.adamw_reference).is_file():
-        ap.error(f"--adamw-reference {args.adamw_reference}: no such file")
     out.mkdir(parents=True, exist_ok=True)
-    link_steps = args.adamw_link_steps or args.steps
     common = ["--metrics.log_freq", str(args.log_freq), "--validation.enable", "--validation.freq",
               str(args.val_freq)]
     if args.device == "cpu":  # the CPU configs name no validation set: the embedded corpus's held-out split
@@ -287,12 +323,13 @@ def main() -> int:
                 run_flags += ["--flexdemo.sync_interval", str(args.sync_interval), "--flexdemo.replica_check_interval",
                               str(check_interval(config, args.sync_interval))]
             steps = ["--training.steps", str(method_steps)]
-            if m == "adamw" and link_steps < method_steps:
-                if args.adamw_reference:
-                    shutil.copyfile(args.adamw_reference, out / "adamw_reference.log")
+            if link_steps.get(m, method_steps) < method_steps:
+                if m in references:
+                    shutil.copyfile(references[m], out / f"{m}_reference.log")
                 else:
-                    train("adamw_reference", config, [*run_flags, *steps], out, False, args.device, args.timeout)
-                steps = ["--training.steps", str(link_steps)]
+                    train(f"{m}_reference", config, [*run_flags, *steps], out, False, args.device, args.timeout)
+                # Every step logged: a few steps still give the step time, DiLoCo's in whole cycles.
+                steps = ["--training.steps", str(link_steps[m]), "--metrics.log_freq", "1"]
             train(m, config, [*run_flags, *steps], out, True, args.device, args.timeout)
     finally:
         teardown_link()

@@ -77,11 +77,15 @@ def parse(path: str | Path, name: str | None = None) -> RunLog:
     return run
 
 
-def seconds_per_step(run: RunLog) -> float:
-    """Mean wall time of one step after the first (compile, warm-up), validation included."""
-    if len(run.step_time) < 2:
+def seconds_per_step(run: RunLog, cycle: int = 1) -> float:
+    """Mean wall time of one step after the first (compile, warm-up), validation included, over
+    the widest span of logged steps that is a whole number of ``cycle``-step cycles (DiLoCo: its
+    sync interval, so the span holds as many outer steps as it has cycles); nan if none is."""
+    logged = sorted(run.step_time)
+    spans = [(b - a, -a, a, b) for i, a in enumerate(logged) for b in logged[i + 1:] if (b - a) % cycle == 0]
+    if not spans:
         return float("nan")
-    first, last = min(run.step_time), max(run.step_time)
+    _, _, first, last = max(spans)
     return (run.step_time[last] - run.step_time[first]) / (last - first)
 
 

@@ -3,6 +3,7 @@ out here (no training: the scripts' real runs are recorded in docs/benchmarks.md
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -78,6 +79,47 @@ def test_time_to_adamw_final_loss(results):
     # The table's speed-up column: 42.8 / 5.2.
     row = next(line for line in table.splitlines() if line.startswith("| flexdemo |"))
     assert f"{42.8 / 5.2:.1f}x" in row
+
+
+def test_a_method_timed_on_the_link_for_a_few_steps_takes_its_curve_from_its_reference(tmp_path):
+    # AdamW as in the fixture; diloco (H = 5) ran 11 steps on the link, every step logged, with
+    # each outer step (steps 5 and 10) costing 3 s more: whole cycles give 1 + 3/5 s per step.
+    # Its curve (a 20-step run off the link, 9 bytes a step) first reaches 5.0 at step 20.
+    _log(tmp_path / "adamw_reference.log", lambda s: 0.1 * s, {10: 6.0, 20: 5.0}, 100, modelled=True)
+    _log(tmp_path / "adamw.log", lambda s: 10 + 2.0 * (s - 1), {}, 100, modelled=True, steps=3)
+    _log(tmp_path / "diloco_reference.log", lambda s: 0.1 * s, {10: 5.2, 20: 4.95}, 9)
+    _log(tmp_path / "diloco.log", lambda s: 1.0 * s + 3.0 * (s // 5), {}, 1, steps=12)
+    args = argparse.Namespace(sync_interval=5, log_freq=1, adamw_buckets=4, rtt_ms=0.0, rate="1gbit", steps=20)
+    shaped_link.table(tmp_path, args)
+    m = json.loads((tmp_path / "results.json").read_text())["methods"]["diloco"]
+    assert m["seconds_per_step"] == pytest.approx(1.6)  # not (17 s / 11 steps) over the uneven span 1..12
+    assert m["reached_at_step"] == 20 and m["seconds_to_target"] == pytest.approx(32.0)
+    assert m["how"].startswith("extrapolated") and m["validation_loss"] == 4.95
+    assert m["bytes_received_total"] == 20 * 9 and (m["steps"], m["curve_steps"]) == (12, 20)
+
+
+def test_seconds_per_step_spans_whole_cycles():
+    # 1 s a step and 3 s more at every 5th (a sync), each step logged after it: 1.6 s per step
+    # over whole cycles; the span from step 1 (24 steps, 5 syncs) says 39 / 24 = 1.625.
+    run = titan_logs.RunLog("x")
+    run.step_time = {s: (s - 1) + 3.0 * (s // 5) for s in (1, 5, 10, 20, 25)}
+    assert titan_logs.seconds_per_step(run) == pytest.approx(39.0 / 24)
+    assert titan_logs.seconds_per_step(run, cycle=5) == pytest.approx(1.6)  # steps 5 -> 25
+    assert math.isnan(titan_logs.seconds_per_step(run, cycle=100))
+
+
+def test_shaped_link_link_steps_and_references_are_checked(tmp_path):
+    assert shaped_link.parse_link_steps("adamw:20,diloco:65") == {"adamw": 20, "diloco": 65}
+    assert shaped_link.parse_link_steps("") == {}
+    for bad in ("adamw", "adamw:0", "adam:5", "diloco:x"):
+        with pytest.raises(ValueError, match="--link-steps"):
+            shaped_link.parse_link_steps(bad)
+    log = tmp_path / "a.log"
+    log.write_text("")
+    assert shaped_link.parse_references(f"flexdemo:{log}") == {"flexdemo": log}
+    for bad in (f"flexdemoo:{log}", "flexdemo", f"flexdemo:{tmp_path / 'missing.log'}"):
+        with pytest.raises(ValueError, match="--reference"):
+            shaped_link.parse_references(bad)
 
 
 def test_shaped_link_methods_take_their_own_steps():
