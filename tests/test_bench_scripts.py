@@ -96,6 +96,15 @@ def test_a_method_timed_on_the_link_for_a_few_steps_takes_its_curve_from_its_ref
     assert m["reached_at_step"] == 20 and m["seconds_to_target"] == pytest.approx(32.0)
     assert m["how"].startswith("extrapolated") and m["validation_loss"] == 4.95
     assert m["bytes_received_total"] == 20 * 9 and (m["steps"], m["curve_steps"]) == (12, 20)
+    # Had diloco not reached 5.0 in its 20 steps (32 s), FlexDeMo reaching it in 4.6 s is at
+    # least 32 / 4.6 times sooner than diloco, and the table says "at least".
+    _log(tmp_path / "diloco_reference.log", lambda s: 0.1 * s, {10: 5.2, 20: 5.1}, 9)
+    _log(tmp_path / "flexdemo.log", lambda s: 0.5 * (s - 1), {10: 4.9, 20: 4.5}, 7)
+    table = shaped_link.table(tmp_path, args)
+    m = json.loads((tmp_path / "results.json").read_text())["methods"]
+    assert m["diloco"]["how"] == "not reached" and m["diloco"]["whole_run_seconds_with_rtt"] == pytest.approx(32.0)
+    row = next(line for line in table.splitlines() if line.startswith("| flexdemo |"))
+    assert f"| >= {32 / 4.6:.2f}x |" in row
 
 
 def test_seconds_per_step_spans_whole_cycles():
