@@ -82,7 +82,7 @@ def test_time_to_adamw_final_loss(results):
 
 
 def test_a_method_timed_on_the_link_for_a_few_steps_takes_its_curve_from_its_reference(tmp_path):
-    # AdamW as in the fixture; diloco (H = 5) ran 11 steps on the link, every step logged, with
+    # AdamW as in the fixture; diloco (H = 5) ran 12 steps on the link, every step logged, with
     # each outer step (steps 5 and 10) costing 3 s more: whole cycles give 1 + 3/5 s per step.
     # Its curve (a 20-step run off the link, 9 bytes a step) first reaches 5.0 at step 20.
     _log(tmp_path / "adamw_reference.log", lambda s: 0.1 * s, {10: 6.0, 20: 5.0}, 100, modelled=True)
