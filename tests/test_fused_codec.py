@@ -190,6 +190,11 @@ def test_supported_layouts():
     assert not fc.fused_supported(block_layout((), 64), DEV)  # 0-D: torch path
     assert not fc.fused_supported(block_layout((256, 256), 128), DEV)  # blocks > 64
     assert not fc.fused_supported(block_layout((64, 64), 64), DEV, torch.bfloat16)
+    # In-block offsets are int32: a block's (padded) rows times the row length must stay below
+    # 2**31 (no tensor this large is allocated; the layout is only shapes).
+    assert fc.fused_supported(block_layout((64, 2**25 - 64), 64), DEV)
+    assert not fc.fused_supported(block_layout((64, 2**25), 64), DEV)
+    assert not fc.fused_supported(block_layout((2**27,), 64), DEV)  # 1-D: 16 padded rows x 2**27
     with pytest.raises(ValueError):
         fc.fused_encode(torch.zeros(64, 64).t(), None, LR, DECAY, block_layout((64, 64), 64), 4, "sign")
 

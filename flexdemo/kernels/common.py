@@ -92,6 +92,8 @@ def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torc
         return False
     if len(layout.shape) < 1 or layout.num_blocks == 0:
         return False
+    if pow2_at_least(layout.n1) * layout.cols >= 2**31:  # in-block offsets are int32 (block_offsets)
+        return False
     return 1 <= layout.n1 <= MAX_BLOCK and 1 <= layout.n2 <= MAX_BLOCK
 
 
@@ -197,15 +199,18 @@ if HAVE_TRITON:
 
     @triton.jit
     def block_offsets(b, C, blocks_per_row, N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr):
-        # Element offsets of block b in the row-major [rows, C] tensor, and the in-block mask.
+        # Block b of the row-major [rows, C] tensor: the offset of its first element (int64:
+        # tensors may exceed 2**31 elements), its elements' offsets from there (int32: P1 * C <
+        # 2**31 is checked by fused_supported, so there is no 64-bit math per element) and the
+        # in-block mask.
         r = tl.arange(0, P1)
         c = tl.arange(0, P2)
         bi = b // blocks_per_row
         bj = b - bi * blocks_per_row
-        rows = (bi * N1 + r).to(tl.int64)  # int64: tensors may exceed 2**31 elements
-        offs = rows[:, None] * C + (bj * N2 + c)[None, :]
+        base = (bi * N1).to(tl.int64) * C + bj * N2
+        offs = r[:, None] * C + c[None, :]
         valid = (r[:, None] < N1) & (c[None, :] < N2)
-        return offs, valid, r, c
+        return base, offs, valid, r, c
 
     @triton.jit
     def sparse_idct(i, m, f1_ptr, f2_ptr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr,

@@ -51,7 +51,8 @@ if HAVE_TRITON:
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, PREC: tl.constexpr,
     ):
         b = tl.program_id(0)
-        offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
+        base, offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
+        param_ptr += base
         m = tl.load(mean_ptr + b.to(tl.int64) * (N1 * N2) + r[:, None] * N2 + c[None, :], mask=valid, other=0.0)
         _apply(param_ptr, offs, valid, idct_block(m, f1_ptr, f2_ptr, P1, P2, PREC), lr, 1.0, True)
 
@@ -62,7 +63,8 @@ if HAVE_TRITON:
         KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr, SIGN_UPDATE: tl.constexpr,
     ):
         # Block b of the tensor at out_ptr, from row `row` of each replica's [num_blocks, K] idx/vals.
-        offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
+        block_base, offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
+        out_ptr += block_base
         # IDCT(mean over the replicas that selected each coefficient) = sum over every replica's
         # kept coefficients of value / (how many replicas kept it) times its basis function:
         # no dense mean tile is built. KC coefficients per product (common.sparse_idct).

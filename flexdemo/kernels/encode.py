@@ -60,7 +60,9 @@ if HAVE_TRITON:
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
     ):
         # Block b of the tensor at delta_ptr; its idx/vals go to output row `row`.
-        offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
+        base, offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
+        delta_ptr += base
+        grad_ptr += base
 
         # Momentum update, fused so delta is read and written exactly once.
         x = tl.load(delta_ptr + offs, mask=valid, other=0.0)
@@ -100,12 +102,14 @@ if HAVE_TRITON:
         else:
             sent = y
 
-        # Compaction: the j-th selected coefficient (in index order) goes to slot j.
-        sel_i = sel.to(tl.int32)
-        slot = row.to(tl.int64) * K + flat_exclusive_cumsum(sel_i)
+        # Compaction: the j-th selected coefficient (in index order) goes to slot j of this
+        # block's output row (a scalar base and int32 slots: no 64-bit math per element).
+        idx_row = idx_ptr + row.to(tl.int64) * K
+        vals_row = vals_ptr + row.to(tl.int64) * K
+        slot = flat_exclusive_cumsum(sel.to(tl.int32))
         flat = r[:, None] * N2 + c[None, :]
-        tl.store(idx_ptr + slot, flat, mask=sel)
-        tl.store(vals_ptr + slot, y, mask=sel)
+        tl.store(idx_row + slot, flat, mask=sel)
+        tl.store(vals_row + slot, y, mask=sel)
 
         # Error feedback: remove what counts as sent.
         if SPARSE_EF:
@@ -114,8 +118,8 @@ if HAVE_TRITON:
             tl.debug_barrier()
             for k0 in tl.static_range(0, KP, KC):
                 j = k0 + tl.arange(0, KC)
-                i = tl.load(idx_ptr + row.to(tl.int64) * K + j, mask=j < K, other=-1)
-                v = tl.load(vals_ptr + row.to(tl.int64) * K + j, mask=j < K, other=0.0)
+                i = tl.load(idx_row + j, mask=j < K, other=-1)
+                v = tl.load(vals_row + j, mask=j < K, other=0.0)
                 if VALUES == 1:
                     v = round_bf16(v)
                 x = x - sparse_idct(i, v, f1_ptr, f2_ptr, N2, P1, P2, PREC)
