@@ -1,6 +1,6 @@
-"""Compile the fused encode kernel for a GPU architecture offline (no GPU needed: Triton's own
-ptxas and nvdisasm) and count its SASS instructions per source line: where the kernel's
-instructions are, before spending device time on timing a change.
+"""Compile a fused codec kernel (the encode, or the mean decode) for a GPU architecture offline
+(no GPU needed: Triton's own ptxas and nvdisasm) and count its SASS instructions per source line:
+where the kernel's instructions are, before spending device time on timing a change.
 
 Static counts: a loop body (the top-k search's rounds, ~4.6 per block) is counted once.
 Registers and spills come from cuobjdump. The local Triton may differ from the GPU machines'
@@ -8,6 +8,7 @@ Registers and spills come from cuobjdump. The local Triton may differ from the G
 
     python3 scripts/kernel_sass_profile.py                        # 64x64 blocks, k=32, sign, tf32x3
     python3 scripts/kernel_sass_profile.py --precision ieee --top 20 --json out.json
+    python3 scripts/kernel_sass_profile.py --kernel mean_decode
 """
 
 from __future__ import annotations
@@ -31,23 +32,33 @@ INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)")
 LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 
 
-def compile_encode(arch: int, k: int, precision: str, bracket: bool, warps: int) -> bytes:
+def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool, warps: int) -> bytes:
+    """The per-tensor launch of ``kernel`` for 64x64 blocks (the grouped launches run the same
+    block function), compiled for sm_``arch``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from flexdemo.kernels import encode
+    from flexdemo.kernels import decode, encode
     from flexdemo.kernels.common import sparse_plan
 
-    sig = {"delta_ptr": "*fp32", "grad_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32", "idx_ptr": "*i32",
-           "vals_ptr": "*fp32", "lr": "fp32", "decay": "fp32", "C": "i32", "blocks_per_row": "i32"}
-    consts = dict(N1=64, N2=64, P1=64, P2=64, K=k, HAS_GRAD=True, VALUES=0, PREC=precision,
-                  **sparse_plan(k, 64, 64), BRACKET=bracket)
+    blocks = dict(N1=64, N2=64, P1=64, P2=64, K=k)
+    plan = sparse_plan(k, 64, 64)
+    if kernel == "encode":
+        fn = encode._encode_kernel
+        sig = {"delta_ptr": "*fp32", "grad_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32", "idx_ptr": "*i32",
+               "vals_ptr": "*fp32", "lr": "fp32", "decay": "fp32", "C": "i32", "blocks_per_row": "i32"}
+        consts = dict(**blocks, HAS_GRAD=True, VALUES=0, PREC=precision, **plan, BRACKET=bracket)
+    else:
+        fn = decode._mean_decode_kernel
+        sig = {"param_ptr": "*fp32", "idx_ptr": "*i32", "vals_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32",
+               "lr": "fp32", "C": "i32", "blocks_per_row": "i32", "num_blocks": "i32", "W": "i32"}
+        consts = dict(**blocks, KP=plan["KP"], KC=plan["KC"], PREC=precision)
     sig.update({name: "constexpr" for name in consts})
     names = list(sig)
-    src = ASTSource(encode._encode_kernel, sig, constexprs={(names.index(n),): v for n, v in consts.items()})
-    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
-    return kernel.asm["cubin"]
+    src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    return compiled.asm["cubin"]
 
 
 def profile(cubin: bytes) -> dict:
@@ -75,24 +86,24 @@ def profile(cubin: bytes) -> dict:
 
 def source_line(where: str) -> str:
     name, _, line = where.partition(":")
-    for path in (REPO / "flexdemo" / "kernels" / name,):
-        if path.is_file():
-            return path.read_text().splitlines()[int(line) - 1].strip()
-    return ""
+    path = REPO / "flexdemo" / "kernels" / name
+    return path.read_text().splitlines()[int(line) - 1].strip() if path.is_file() else ""
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel", choices=("encode", "mean_decode"), default="encode")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--precision", default="tf32x3", choices=("tf32x3", "ieee", "tf32"))
-    ap.add_argument("--no-bracket", action="store_true", help="the top-k search from the top bit")
+    ap.add_argument("--no-bracket", action="store_true", help="encode: the top-k search from the top bit")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--top", type=int, default=25, help="source lines to list")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    res = profile(compile_encode(args.arch, args.k, args.precision, not args.no_bracket, args.warps))
-    print(f"encode kernel, sm_{args.arch}, k={args.k}, {args.precision}, bracket={not args.no_bracket}: "
+    res = profile(compile_kernel(args.kernel, args.arch, args.k, args.precision, not args.no_bracket, args.warps))
+    what = f", bracket={not args.no_bracket}" if args.kernel == "encode" else ""
+    print(f"{args.kernel} kernel, sm_{args.arch}, k={args.k}, {args.precision}{what}: "
           f"{res['instructions']} SASS instructions, {res['resources']}")
     print("ops:", ", ".join(f"{op} {n}" for op, n in list(res["by_op"].items())[:15]))
     for where, n in list(res["by_line"].items())[:args.top]:

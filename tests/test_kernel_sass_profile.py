@@ -1,5 +1,5 @@
-"""scripts/kernel_sass_profile.py compiles the fused encode kernel for sm_90 without a GPU (the
-Triton wheel's ptxas/nvdisasm/cuobjdump) and attributes its instructions to source lines."""
+"""scripts/kernel_sass_profile.py compiles the fused codec kernels for sm_90 without a GPU (the
+Triton wheel's ptxas/nvdisasm/cuobjdump) and attributes their instructions to source lines."""
 
 import json
 import os
@@ -23,3 +23,13 @@ def test_the_encode_kernel_compiles_offline_and_its_dct_is_found(tmp_path):
     dct = [where for where in res["by_line"] if where.startswith("encode.py:")]
     lines = (REPO / "flexdemo" / "kernels" / "encode.py").read_text().splitlines()
     assert any("tl.dot(tl.dot(f1, x" in lines[int(w.split(":")[1]) - 1] for w in dct)
+
+
+def test_the_mean_decode_compiles_offline_too(tmp_path):
+    out = tmp_path / "profile.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_sass_profile.py"), "--kernel", "mean_decode",
+                          "--json", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["by_op"].get("HGMMA", 0) > 0 and any(w.startswith("decode.py:") for w in res["by_line"])
