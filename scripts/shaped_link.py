@@ -258,6 +258,21 @@ def parse_link_steps(spec: str) -> dict[str, int]:
     return dict(_method_pairs(spec, "--link-steps", optional=False)) if spec else {}
 
 
+def check_link_plan(methods: list[tuple[str, int]], link_steps: dict[str, int], references: dict[str, Path]) -> None:
+    """Every --link-steps / --reference entry must change a run: a ValueError names the one that
+    would be ignored (a method not run, link steps not fewer than its steps, a reference for a
+    method that runs all its steps on the link)."""
+    steps = dict(methods)
+    for m, n in link_steps.items():
+        if m not in steps:
+            raise ValueError(f"--link-steps {m}:{n}: {m} is not in --methods")
+        if n >= steps[m]:
+            raise ValueError(f"--link-steps {m}:{n}: not fewer than its {steps[m]} steps (it would run them all)")
+    for m in references:
+        if m not in link_steps:
+            raise ValueError(f"--reference {m}:...: {m} runs all its steps on the link (give --link-steps {m}:N)")
+
+
 def parse_references(spec: str) -> dict[str, Path]:
     """--reference "adamw:LOG,flexdemo:LOG" -> {method: path}; every path must exist."""
     out = {}
@@ -308,6 +323,7 @@ def main() -> int:
             link_steps.setdefault("adamw", args.adamw_link_steps)
         if args.adamw_reference:
             references.update(parse_references(f"adamw:{args.adamw_reference}"))
+        check_link_plan(methods, link_steps, references)
     except ValueError as e:
         ap.error(str(e))
     out = Path(args.out or f"outputs/shaped_{args.device}_{args.rate}").absolute()

@@ -131,6 +131,17 @@ def test_shaped_link_link_steps_and_references_are_checked(tmp_path):
             shaped_link.parse_references(bad)
 
 
+def test_shaped_link_refuses_link_steps_or_references_it_would_ignore(tmp_path):
+    methods = shaped_link.parse_methods("adamw,flexdemo,diloco:2000", 1000)
+    shaped_link.check_link_plan(methods, {"adamw": 10, "diloco": 65}, {"adamw": tmp_path / "a.log"})
+    for link, refs, what in [({"demo_diloco": 5}, {}, "not in --methods"),
+                             ({"adamw": 1000}, {}, "not fewer than its 1000 steps"),
+                             ({"diloco": 2000}, {}, "not fewer than its 2000 steps"),
+                             ({"adamw": 10}, {"flexdemo": tmp_path / "f.log"}, "runs all its steps on the link")]:
+        with pytest.raises(ValueError, match=what):
+            shaped_link.check_link_plan(methods, link, refs)
+
+
 def test_shaped_link_methods_take_their_own_steps():
     assert shaped_link.parse_methods("adamw,diloco:2000", 1000) == [("adamw", 1000), ("diloco", 2000)]
     for bad in ("diloco:", "diloco:0", "diloco:x", "dilocco", "adamw,,flexdemo"):
