@@ -25,11 +25,21 @@ def test_the_encode_kernel_compiles_offline_and_its_dct_is_found(tmp_path):
     assert any("tl.dot(tl.dot(f1, x" in lines[int(w.split(":")[1]) - 1] for w in dct)
 
 
-def test_the_mean_decode_compiles_offline_too(tmp_path):
+def _profile(tmp_path, *flags):
     out = tmp_path / "profile.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_sass_profile.py"), "--kernel", "mean_decode",
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_sass_profile.py"), *flags,
                           "--json", str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
-    res = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_the_mean_decode_and_the_presplit_encode_compile_offline_too(tmp_path):
+    res = _profile(tmp_path, "--kernel", "mean_decode")
     assert res["by_op"].get("HGMMA", 0) > 0 and any(w.startswith("decode.py:") for w in res["by_line"])
+    # The host-split bases (FLEXDEMO_DCT_PRESPLIT=1): the encode's products are single-pass TF32
+    # ones now, from the split helpers in common.py.
+    res = _profile(tmp_path, "--presplit")
+    lines = (REPO / "flexdemo" / "kernels" / "common.py").read_text().splitlines()
+    split_product = next(i + 1 for i, line in enumerate(lines) if "acc = tl.dot(a_lo, b_hi" in line)
+    assert res["by_op"].get("HGMMA", 0) > 0 and res["by_line"].get(f"common.py:{split_product}", 0) > 0
