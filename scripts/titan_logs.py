@@ -81,11 +81,16 @@ def seconds_per_step(run: RunLog, cycle: int = 1) -> float:
     """Mean wall time of one step after the first (compile, warm-up), validation included, over
     the widest span of logged steps that is a whole number of ``cycle``-step cycles (DiLoCo: its
     sync interval, so the span holds as many outer steps as it has cycles); nan if none is."""
-    logged = sorted(run.step_time)
-    spans = [(b - a, -a, a, b) for i, a in enumerate(logged) for b in logged[i + 1:] if (b - a) % cycle == 0]
+    # Two logged steps span whole cycles when they agree modulo the cycle: the widest span of
+    # each residue class is its first and last step; the widest of those wins (ties: earliest).
+    by_residue: dict[int, list[int]] = {}
+    for s in sorted(run.step_time):
+        by_residue.setdefault(s % cycle, []).append(s)
+    spans = [(ss[-1] - ss[0], -ss[0]) for ss in by_residue.values() if len(ss) > 1]
     if not spans:
         return float("nan")
-    _, _, first, last = max(spans)
+    width, neg_first = max(spans)
+    first, last = -neg_first, -neg_first + width
     return (run.step_time[last] - run.step_time[first]) / (last - first)
 
 

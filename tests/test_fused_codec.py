@@ -277,8 +277,8 @@ def test_topk_threshold_is_the_kth_largest(k, spread, bracket):
 
 def test_encode_with_the_bracket_search_is_bitwise_the_same(monkeypatch):
     # The bracket (default; FLEXDEMO_TOPK_BRACKET=0: off) changes where the search starts, not
-    # what it selects: every output
-    # bitwise equal, on random blocks, an all-zero block (every coefficient ties) and 48-row blocks.
+    # what it selects: every output bitwise equal, on random blocks, an all-zero block (every
+    # coefficient ties) and 48-row blocks.
     for shape, chunk, k in [((128, 192), 64, 32), ((96, 64), 64, 5), ((64, 32), 32, 32)]:
         layout = block_layout(shape, chunk)
         delta, grad = _data(shape, 7)

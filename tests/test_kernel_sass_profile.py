@@ -9,22 +9,6 @@ import sys
 from titan_launch import REPO
 
 
-def test_the_encode_kernel_compiles_offline_and_its_dct_is_found(tmp_path):
-    out = tmp_path / "profile.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_sass_profile.py"), "--json", str(out)],
-                         capture_output=True, text=True, timeout=300, env=env)
-    assert run.returncode == 0, run.stderr[-2000:]
-    res = json.loads(out.read_text())
-    assert res["instructions"] == sum(res["by_op"].values()) == sum(res["by_line"].values()) > 1000
-    assert 0 < res["resources"]["REG"] <= 255
-    # The DCT's tensor-core products (Hopper: HGMMA) come from the encode's tl.dot line.
-    assert res["by_op"].get("HGMMA", 0) > 0
-    dct = [where for where in res["by_line"] if where.startswith("encode.py:")]
-    lines = (REPO / "flexdemo" / "kernels" / "encode.py").read_text().splitlines()
-    assert any("tl.dot(tl.dot(f1, x" in lines[int(w.split(":")[1]) - 1] for w in dct)
-
-
 def _profile(tmp_path, *flags):
     out = tmp_path / "profile.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -32,6 +16,17 @@ def _profile(tmp_path, *flags):
                           "--json", str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(out.read_text())
+
+
+def test_the_encode_kernel_compiles_offline_and_its_dct_is_found(tmp_path):
+    res = _profile(tmp_path)
+    assert res["instructions"] == sum(res["by_op"].values()) == sum(res["by_line"].values()) > 1000
+    assert 0 < res["resources"]["REG"] <= 255
+    # The DCT's tensor-core products (Hopper: HGMMA) come from the encode's tl.dot line.
+    assert res["by_op"].get("HGMMA", 0) > 0
+    dct = [where for where in res["by_line"] if where.startswith("encode.py:")]
+    lines = (REPO / "flexdemo" / "kernels" / "encode.py").read_text().splitlines()
+    assert any("tl.dot(tl.dot(f1, x" in lines[int(w.split(":")[1]) - 1] for w in dct)
 
 
 def test_the_mean_decode_and_the_presplit_encode_compile_offline_too(tmp_path):

@@ -189,6 +189,14 @@ if HAVE_TRITON:
                           N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, PRESPLIT)
 
 
+def _bases(layout: BlockLayout, p1: int, p2: int, precision: str, device) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The padded DCT bases the encode reads (split on the host when common.dct_presplit says
+    so) and whether they are split."""
+    presplit = dct_presplit(precision)
+    basis = padded_dct_split if presplit else padded_dct
+    return basis(layout.n1, p1, device), basis(layout.n2, p2, device), presplit
+
+
 def fused_encode(
     delta: torch.Tensor,
     grad: torch.Tensor | None,
@@ -219,10 +227,8 @@ def fused_encode(
     if grad is not None:
         check_tensor(grad, layout, "grad")
     B = layout.num_blocks
-    p1, p2, f1, f2, bpr = geometry(layout, delta.device)
-    presplit = dct_presplit(precision)
-    if presplit:
-        f1, f2 = padded_dct_split(layout.n1, p1, delta.device), padded_dct_split(layout.n2, p2, delta.device)
+    p1, p2, _, _, bpr = geometry(layout, delta.device)
+    f1, f2, presplit = _bases(layout, p1, p2, precision, delta.device)
     idx = torch.empty(B, k, dtype=torch.int32, device=delta.device)
     vals = torch.empty(B, k, dtype=torch.float32, device=delta.device)
     _encode_kernel[(B,)](
@@ -276,9 +282,7 @@ def fused_encode_many(
     ptrs, ptrs_aligned = ptr_table(tuple(addrs), device)
     lr_s, lr_tab = lr_arg(lr, len(deltas), device)
     p1, p2 = pow2_at_least(L0.n1), pow2_at_least(L0.n2)
-    presplit = dct_presplit(precision)
-    basis = padded_dct_split if presplit else padded_dct
-    f1, f2 = basis(L0.n1, p1, device), basis(L0.n2, p2, device)
+    f1, f2, presplit = _bases(L0, p1, p2, precision, device)
     idx = torch.empty(total, k, dtype=torch.int32, device=device)
     vals = torch.empty(total, k, dtype=torch.float32, device=device)
     _encode_many_kernel[(total,)](
