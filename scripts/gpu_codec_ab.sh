@@ -5,15 +5,14 @@
 # side on the same card, then torchtitan throughput with the current kernels:
 #   GPU 0:    scripts/bench_optimizer_step.py, old (if OLD_TREE is set) then new (PROFILE=1: with
 #             --profile), then new with the top-k search started from the top bit instead of
-#             its row-max bracket (FLEXDEMO_TOPK_BRACKET=0), then new with the DCT bases split on
-#             the host (FLEXDEMO_DCT_PRESPLIT=1): old.json, new.json, new_no_bracket.json,
-#             new_presplit.json;
+#             its row-max bracket (FLEXDEMO_TOPK_BRACKET=0): old.json, new.json, new_no_bracket.json;
 #   GPU 1:    the current kernels against the torch path on this card (bench_fused.py's check, also
-#             with FLEXDEMO_TOPK_BRACKET=0 and with FLEXDEMO_DCT_PRESPLIT=1);
+#             with FLEXDEMO_TOPK_BRACKET=0), then the 8B shard's codec timing (bench_fused.py
+#             --layers 32 --embeddings, issue 8's encode + decode against the memory floor), old
+#             (if OLD_TREE is set) then new;
 #   GPUs 0,1: then torchtitan 1B, 2 replicas x 1 shard, STEPS steps: AdamW-DDP, then the FlexDeMo
 #             runs named in TITAN_RUNS (default "flexdemo flexdemo_overlap"; a name ending in
-#             _no_bracket runs with FLEXDEMO_TOPK_BRACKET=0, in _presplit with
-#             FLEXDEMO_DCT_PRESPLIT=1) and a summary table;
+#             _no_bracket runs with FLEXDEMO_TOPK_BRACKET=0) and a summary table;
 #   GPUs 2,3: from the start, OUTER=1: the outer step alone at top-k 32 and 256 (bench_diloco.py),
 #             old then new; and/or recipe variants (VARIANTS_FILE, VARIANTS_ONLY, FLAVOR_VARIANTS,
 #             STEPS_VARIANTS, VAL_FREQ_VARIANTS, VARIANT_TIMEOUT as in gpu_link_and_recipe.sh).
@@ -59,16 +58,19 @@ for k, v in r.items(): print(f'{k:28s} {v[\"step_ms\"]:8.1f} ms')" "$OUT_DIR/$na
       --layers 2 --iters 2 --no-torch --precision $prec --json "$OUT_DIR/$name.json" > "$OUT_DIR/$name.log" 2>&1
     echo "=== $name: exit $?"; grep -iE "verify|mismatch|diff" "$OUT_DIR/$name.log" | head -5
   done
-  CUDA_VISIBLE_DEVICES=1 FLEXDEMO_DCT_PRESPLIT=1 timeout 200 python3 scripts/bench_fused.py --device cuda --layers 2 \
-    --iters 2 --no-torch --precision tf32x3 --json "$OUT_DIR/fused_check_tf32x3_presplit.json" \
-    > "$OUT_DIR/fused_check_tf32x3_presplit.log" 2>&1
-  echo "=== fused_check_tf32x3_presplit: exit $?"; grep -iE "verify|mismatch|diff" "$OUT_DIR/fused_check_tf32x3_presplit.log" | head -5
+  # the 8B shard (issue 8's codec target: encode + decode against the memory floor), old then new
+  for run in ${OLD:+old} new; do
+    pp=$PYTHONPATH; [[ $run == old ]] && pp="$OLD:$PYTHONPATH"
+    CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp timeout 200 python3 scripts/bench_fused.py --device cuda --layers 32 \
+      --embeddings --iters 5 --no-torch --precision tf32x3 --json "$OUT_DIR/shard8b_$run.json" \
+      > "$OUT_DIR/shard8b_$run.log" 2>&1
+    echo "=== shard8b_$run: exit $?"
+  done
 ) > "$OUT_DIR/fused_check.out" 2>&1 &
 CHECK_PID=$!
 [[ -n "$OLD" ]] && step_bench old PYTHONPATH="$OLD:$PYTHONPATH"
 PROFILE_THIS=${PROFILE:-} step_bench new
 step_bench new_no_bracket FLEXDEMO_TOPK_BRACKET=0  # the top-k search from the top bit
-step_bench new_presplit FLEXDEMO_DCT_PRESPLIT=1     # the DCT bases split on the host
 wait $CHECK_PID  # the fused check on GPU 1
 
 export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0,1
@@ -81,8 +83,7 @@ logs=("$OUT_DIR/ddp_adamw.log")
 for name in ${TITAN_RUNS:-flexdemo flexdemo_overlap}; do
   flags=(--optimizer.lr 3e-4); [[ $name == *overlap* ]] && flags+=(--flexdemo.overlap)
   bracket=1; [[ $name == *_no_bracket ]] && bracket=0
-  presplit=0; [[ $name == *_presplit ]] && presplit=1
-  FLEXDEMO_TOPK_BRACKET=$bracket FLEXDEMO_DCT_PRESPLIT=$presplit titan_run "$name" gpu_2gpu_flexdemo "${flags[@]}"
+  FLEXDEMO_TOPK_BRACKET=$bracket titan_run "$name" gpu_2gpu_flexdemo "${flags[@]}"
   logs+=("$OUT_DIR/$name.log")
 done
 python3 scripts/summarize_titan_logs.py "${logs[@]}" | tee "$OUT_DIR/summary.md"

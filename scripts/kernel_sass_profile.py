@@ -32,8 +32,7 @@ INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)")
 LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 
 
-def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool, warps: int,
-                   presplit: bool = False) -> bytes:
+def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool, warps: int) -> bytes:
     """The per-tensor launch of ``kernel`` for 64x64 blocks (the grouped launches run the same
     block function), compiled for sm_``arch``."""
     import triton
@@ -49,8 +48,7 @@ def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool
         fn = encode._encode_kernel
         sig = {"delta_ptr": "*fp32", "grad_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32", "idx_ptr": "*i32",
                "vals_ptr": "*fp32", "lr": "fp32", "decay": "fp32", "C": "i32", "blocks_per_row": "i32"}
-        consts = dict(**blocks, HAS_GRAD=True, VALUES=0, PREC=precision, **plan, BRACKET=bracket,
-                      PRESPLIT=presplit)
+        consts = dict(**blocks, HAS_GRAD=True, VALUES=0, PREC=precision, **plan, BRACKET=bracket)
     else:
         fn = decode._mean_decode_kernel
         sig = {"param_ptr": "*fp32", "idx_ptr": "*i32", "vals_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32",
@@ -100,16 +98,11 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="tf32x3", choices=("tf32x3", "ieee", "tf32"))
     ap.add_argument("--no-bracket", action="store_true", help="encode: the top-k search from the top bit")
     ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--presplit", action="store_true",
-                    help="encode, tf32x3: the DCT bases split on the host (FLEXDEMO_DCT_PRESPLIT=1)")
     ap.add_argument("--top", type=int, default=25, help="source lines to list")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    if args.presplit and (args.kernel != "encode" or args.precision != "tf32x3"):
-        ap.error("--presplit applies to the encode at tf32x3 only")
-    res = profile(compile_kernel(args.kernel, args.arch, args.k, args.precision, not args.no_bracket, args.warps,
-                                 args.presplit))
-    what = f", bracket={not args.no_bracket}, presplit={args.presplit}" if args.kernel == "encode" else ""
+    res = profile(compile_kernel(args.kernel, args.arch, args.k, args.precision, not args.no_bracket, args.warps))
+    what = f", bracket={not args.no_bracket}" if args.kernel == "encode" else ""
     print(f"{args.kernel} kernel, sm_{args.arch}, k={args.k}, {args.precision}{what}: "
           f"{res['instructions']} SASS instructions, {res['resources']}")
     print("ops:", ", ".join(f"{op} {n}" for op, n in list(res["by_op"].items())[:15]))

@@ -291,36 +291,3 @@ def test_encode_with_the_bracket_search_is_bitwise_the_same(monkeypatch):
             idx, vals = fc.fused_encode(d, grad, LR, DECAY, layout, k, "sign")
             outs.append((d, idx, vals))
         assert all(torch.equal(a, b) for a, b in zip(*outs))
-
-
-def test_presplit_bases_are_the_nearest_tf32_and_the_rest():
-    # Independent of the implementation's bit trick: the nearest number with 10 mantissa bits
-    # (ties away from zero), found in float64 from the value's binary exponent.
-    from flexdemo.kernels.common import padded_dct, padded_dct_split
-    for n, p in [(64, 64), (48, 64), (1, 16)]:
-        f, (f0, hi, lo) = padded_dct(n, p, DEV), padded_dct_split(n, p, DEV)
-        assert torch.equal(f0, f) and torch.equal(hi + lo, f)
-        x = f.double()
-        ulp = torch.where(x != 0, torch.exp2(torch.floor(torch.log2(x.abs())) - 10), torch.ones_like(x))
-        q = x.abs() / ulp
-        ref = torch.sign(x) * torch.floor(q + 0.5) * ulp
-        assert torch.equal(hi.double(), ref)
-        assert (hi.view(torch.int32) & 0x1FFF).eq(0).all()  # exactly representable in TF32
-
-
-@pytest.mark.parametrize("shape,chunk,k", CASES)
-def test_encode_with_presplit_bases_matches_torch(shape, chunk, k, monkeypatch):
-    # FLEXDEMO_DCT_PRESPLIT=1 (tf32x3 only): the DCT's bases split on the host, the data in the
-    # kernel; per tensor and grouped, the same index sets, values and momentum as the torch path.
-    monkeypatch.setenv("FLEXDEMO_DCT_PRESPLIT", "1")
-    layout = block_layout(shape, chunk)
-    delta, grad = _data(shape, 3)
-    ref_d, ref_idx, ref_vals = _torch_encode(delta, grad, layout, k, "sign")
-    ref_sorted, order = ref_idx.sort(1)
-    d, d_many = delta.clone(), delta.clone()
-    outs = [fc.fused_encode(d, grad, LR, DECAY, layout, k, "sign", precision="tf32x3"),
-            fc.fused_encode_many([d_many], [grad], LR, DECAY, [layout], k, "sign", precision="tf32x3")]
-    for (idx, vals), dd in zip(outs, (d, d_many)):
-        assert torch.equal(idx.long(), ref_sorted)
-        torch.testing.assert_close(vals, ref_vals.gather(1, order), rtol=0, atol=1e-5 * ref_vals.abs().max())
-        torch.testing.assert_close(dd, ref_d, rtol=0, atol=1e-5 * (delta * DECAY + grad * LR).abs().max())

@@ -74,15 +74,6 @@ def search_bracket(k: int, n1: int) -> bool:
     return os.environ.get("FLEXDEMO_TOPK_BRACKET", "1") != "0" and k <= n1
 
 
-def dct_presplit(precision: str) -> bool:
-    """Whether the encode's tf32x3 DCT takes its constant bases split on the host
-    (padded_dct_split) and splits only the data per block, instead of tl.dot splitting both
-    operands of every product. Off unless FLEXDEMO_DCT_PRESPLIT=1: ~400 fewer instructions of
-    ~5,900 per block (scripts/kernel_sass_profile.py), not yet timed on a GPU; the same three
-    products, so the same accuracy (tested against the torch path)."""
-    return precision == "tf32x3" and os.environ.get("FLEXDEMO_DCT_PRESPLIT", "0") == "1"
-
-
 def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torch.dtype = torch.float32,
                     topk: int | None = None) -> bool:
     """Whether the fused kernels handle this layout on this device (else use the torch path).
@@ -118,22 +109,6 @@ def padded_dct(n: int, p: int, device: torch.device) -> torch.Tensor:
         f[:n, :n] = dct_matrix(n, torch.float32, device)
         _PADDED[key] = f
     return f
-
-
-_SPLIT: dict[tuple[int, int, torch.device], torch.Tensor] = {}
-
-
-def padded_dct_split(n: int, p: int, device: torch.device) -> torch.Tensor:
-    """``[3, p, p]``: the padded basis F, its round-to-nearest TF32 part F_hi and the rest
-    F - F_hi (fp32). F comes first, so kernels that read one basis see F at the same address."""
-    key = (n, p, torch.device(device))
-    out = _SPLIT.get(key)
-    if out is None:
-        f = padded_dct(n, p, device)
-        hi = ((f.view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)  # rna to 10 mantissa bits
-        out = torch.stack([f, hi, f - hi]).contiguous()
-        _SPLIT[key] = out
-    return out
 
 
 def num_warps(p1: int, p2: int) -> int:
@@ -221,29 +196,6 @@ if HAVE_TRITON:
         u = y.to(tl.uint32, bitcast=True)
         u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
         return tl.where(y != y, y, u.to(tl.float32, bitcast=True))
-
-    @triton.jit
-    def round_tf32(y):
-        # fp32 -> nearest TF32 (10 mantissa bits, ties away from zero, as cvt.rna.tf32.f32) -> fp32.
-        u = y.to(tl.uint32, bitcast=True)
-        return ((u + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def dot_tf32x3_split_a(a_hi, a_lo, b):
-        # a @ b at tf32x3 accuracy with a already split (a = a_hi + a_lo, a_hi TF32): b is split
-        # here, then the three TF32 products tl.dot's "tf32x3" makes: small*big, big*small, big*big.
-        b_hi = round_tf32(b)
-        acc = tl.dot(a_lo, b_hi, input_precision="tf32")
-        acc = tl.dot(a_hi, b - b_hi, acc, input_precision="tf32")
-        return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
-
-    @triton.jit
-    def dot_tf32x3_split_b(a, b_hi, b_lo):
-        # a @ b at tf32x3 accuracy with b already split: as dot_tf32x3_split_a, operands swapped.
-        a_hi = round_tf32(a)
-        acc = tl.dot(a - a_hi, b_hi, input_precision="tf32")
-        acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
-        return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
 
     @triton.jit
     def block_offsets(b, C, blocks_per_row, N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr):

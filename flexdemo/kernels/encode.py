@@ -17,12 +17,10 @@ from flexdemo.compression.dct import BlockLayout
 from flexdemo.kernels.common import (
     HAVE_TRITON,
     check_tensor,
-    dct_presplit,
     fused_supported,
     geometry,
     num_warps,
     padded_dct,
-    padded_dct_split,
     pow2_at_least,
     search_bracket,
     sparse_plan,
@@ -45,8 +43,6 @@ if HAVE_TRITON:
 
     from flexdemo.kernels.common import (
         block_offsets,
-        dot_tf32x3_split_a,
-        dot_tf32x3_split_b,
         flat_exclusive_cumsum,
         idct_block,
         round_bf16,
@@ -62,7 +58,6 @@ if HAVE_TRITON:
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
-        PRESPLIT: tl.constexpr,
     ):
         # Block b of the tensor at delta_ptr; its idx/vals go to output row `row`.
         base, offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
@@ -78,17 +73,9 @@ if HAVE_TRITON:
             x = x * decay
 
         # Forward DCT Y = F1 @ X @ F2^T (padding rows/cols of F are zero, so Y is zero there).
-        f1_at = r[:, None] * P1 + tl.arange(0, P1)[None, :]
-        f2t_at = c[None, :] * P2 + tl.arange(0, P2)[:, None]  # f2t[j, c] = F2[c, j]
-        if PRESPLIT:
-            # tf32x3 with the bases split on the host ([F, F_hi, F_lo], common.padded_dct_split):
-            # only the data is split here.
-            t = dot_tf32x3_split_a(tl.load(f1_ptr + P1 * P1 + f1_at), tl.load(f1_ptr + 2 * P1 * P1 + f1_at), x)
-            y = dot_tf32x3_split_b(t, tl.load(f2_ptr + P2 * P2 + f2t_at), tl.load(f2_ptr + 2 * P2 * P2 + f2t_at))
-        else:
-            f1 = tl.load(f1_ptr + f1_at)
-            f2t = tl.load(f2_ptr + f2t_at)
-            y = tl.dot(tl.dot(f1, x, input_precision=PREC), f2t, input_precision=PREC)
+        f1 = tl.load(f1_ptr + r[:, None] * P1 + tl.arange(0, P1)[None, :])
+        f2t = tl.load(f2_ptr + c[None, :] * P2 + tl.arange(0, P2)[:, None])  # f2t[j, c] = F2[c, j]
+        y = tl.dot(tl.dot(f1, x, input_precision=PREC), f2t, input_precision=PREC)
 
         # Exact top-k by magnitude: the bits of a non-negative float order like the float, so
         # the k-th largest |y| is found as a bit pattern (common.topk_threshold). Padding gets
@@ -147,11 +134,10 @@ if HAVE_TRITON:
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
-        PRESPLIT: tl.constexpr,
     ):
         b = tl.program_id(0)
         _encode_block(b, b, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, blocks_per_row,
-                      N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, PRESPLIT)
+                      N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
 
     @triton.jit
     def _encode_many_kernel(
@@ -160,7 +146,6 @@ if HAVE_TRITON:
         HAS_GRAD: tl.constexpr, MIXED_GRAD: tl.constexpr, LR_TABLE: tl.constexpr,
         VALUES: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
-        PRESPLIT: tl.constexpr,
     ):
         g = tl.program_id(0)
         t, b, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
@@ -177,24 +162,16 @@ if HAVE_TRITON:
             if MIXED_GRAD:
                 if g_addr != 0:
                     _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                                  N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, PRESPLIT)
+                                  N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
                 else:
                     _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                                  N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, PRESPLIT)
+                                  N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
             else:
                 _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                              N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, PRESPLIT)
+                              N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
         else:
             _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                          N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, PRESPLIT)
-
-
-def _bases(layout: BlockLayout, p1: int, p2: int, precision: str, device) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """The padded DCT bases the encode reads (split on the host when common.dct_presplit says
-    so) and whether they are split."""
-    presplit = dct_presplit(precision)
-    basis = padded_dct_split if presplit else padded_dct
-    return basis(layout.n1, p1, device), basis(layout.n2, p2, device), presplit
+                          N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
 
 
 def fused_encode(
@@ -227,8 +204,7 @@ def fused_encode(
     if grad is not None:
         check_tensor(grad, layout, "grad")
     B = layout.num_blocks
-    p1, p2, _, _, bpr = geometry(layout, delta.device)
-    f1, f2, presplit = _bases(layout, p1, p2, precision, delta.device)
+    p1, p2, f1, f2, bpr = geometry(layout, delta.device)
     idx = torch.empty(B, k, dtype=torch.int32, device=delta.device)
     vals = torch.empty(B, k, dtype=torch.float32, device=delta.device)
     _encode_kernel[(B,)](
@@ -236,7 +212,7 @@ def fused_encode(
         float(lr), float(decay), layout.cols, bpr,
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=grad is not None, VALUES=values, PREC=precision, **sparse_plan(k, p1, p2),
-        BRACKET=search_bracket(k, layout.n1), PRESPLIT=presplit,
+        BRACKET=search_bracket(k, layout.n1),
         num_warps=num_warps(p1, p2),
     )
     return idx, vals
@@ -282,7 +258,7 @@ def fused_encode_many(
     ptrs, ptrs_aligned = ptr_table(tuple(addrs), device)
     lr_s, lr_tab = lr_arg(lr, len(deltas), device)
     p1, p2 = pow2_at_least(L0.n1), pow2_at_least(L0.n2)
-    f1, f2, presplit = _bases(L0, p1, p2, precision, device)
+    f1, f2 = padded_dct(L0.n1, p1, device), padded_dct(L0.n2, p2, device)
     idx = torch.empty(total, k, dtype=torch.int32, device=device)
     vals = torch.empty(total, k, dtype=torch.float32, device=device)
     _encode_many_kernel[(total,)](
@@ -291,7 +267,7 @@ def fused_encode_many(
         N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=n_grad > 0, MIXED_GRAD=0 < n_grad < len(grads), LR_TABLE=lr_tab is not None,
         VALUES=values, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned), **sparse_plan(k, p1, p2),
-        BRACKET=search_bracket(k, L0.n1), PRESPLIT=presplit,
+        BRACKET=search_bracket(k, L0.n1),
         num_warps=num_warps(p1, p2),
     )
     return idx, vals
