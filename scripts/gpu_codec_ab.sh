@@ -6,6 +6,8 @@
 #   GPU 0:    scripts/bench_optimizer_step.py, old (if OLD_TREE is set) then new (PROFILE=1: with
 #             --profile), then new with the top-k search started from the top bit instead of
 #             its row-max bracket (FLEXDEMO_TOPK_BRACKET=0): old.json, new.json, new_no_bracket.json;
+#             with MAXNREG="168 128", new under each register ceiling (FLEXDEMO_ENCODE_MAXNREG),
+#             new_maxnreg168.json, ... (and on GPU 1 the 8B shard the same way);
 #   GPU 1:    the current kernels against the torch path on this card (bench_fused.py's check, also
 #             with FLEXDEMO_TOPK_BRACKET=0), then the 8B shard's codec timing (bench_fused.py
 #             --layers 32 --embeddings, issue 8's encode + decode against the memory floor), old
@@ -59,10 +61,10 @@ for k, v in r.items(): print(f'{k:28s} {v[\"step_ms\"]:8.1f} ms')" "$OUT_DIR/$na
     echo "=== $name: exit $?"; grep -iE "verify|mismatch|diff" "$OUT_DIR/$name.log" | head -5
   done
   # the 8B shard (issue 8's codec target: encode + decode against the memory floor), old then new
-  for run in ${OLD:+old} new; do
-    pp=$PYTHONPATH; [[ $run == old ]] && pp="$OLD:$PYTHONPATH"
-    CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp timeout 200 python3 scripts/bench_fused.py --device cuda --layers 32 \
-      --embeddings --iters 5 --no-torch --precision tf32x3 --json "$OUT_DIR/shard8b_$run.json" \
+  for run in ${OLD:+old} new ${MAXNREG:+$(printf "new_maxnreg%s " $MAXNREG)}; do
+    pp=$PYTHONPATH; [[ $run == old ]] && pp="$OLD:$PYTHONPATH"; reg=""; [[ $run == *maxnreg* ]] && reg=${run#new_maxnreg}
+    CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp FLEXDEMO_ENCODE_MAXNREG=$reg timeout 200 python3 scripts/bench_fused.py \
+      --device cuda --layers 32 --embeddings --iters 5 --no-torch --precision tf32x3 --json "$OUT_DIR/shard8b_$run.json" \
       > "$OUT_DIR/shard8b_$run.log" 2>&1
     echo "=== shard8b_$run: exit $?"
   done
@@ -71,6 +73,9 @@ CHECK_PID=$!
 [[ -n "$OLD" ]] && step_bench old PYTHONPATH="$OLD:$PYTHONPATH"
 PROFILE_THIS=${PROFILE:-} step_bench new
 step_bench new_no_bracket FLEXDEMO_TOPK_BRACKET=0  # the top-k search from the top bit
+for reg in ${MAXNREG:-}; do  # e.g. MAXNREG="168 128": the encode under a register ceiling
+  step_bench new_maxnreg$reg FLEXDEMO_ENCODE_MAXNREG=$reg
+done
 wait $CHECK_PID  # the fused check on GPU 1
 
 export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0,1

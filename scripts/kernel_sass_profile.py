@@ -32,7 +32,8 @@ INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)")
 LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 
 
-def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool, warps: int) -> bytes:
+def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool, warps: int,
+                   maxnreg: int | None = None) -> bytes:
     """The per-tensor launch of ``kernel`` for 64x64 blocks (the grouped launches run the same
     block function), compiled for sm_``arch``."""
     import triton
@@ -57,7 +58,8 @@ def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool
     sig.update({name: "constexpr" for name in consts})
     names = list(sig)
     src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in consts.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     return compiled.asm["cubin"]
 
 
@@ -98,10 +100,12 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="tf32x3", choices=("tf32x3", "ieee", "tf32"))
     ap.add_argument("--no-bracket", action="store_true", help="encode: the top-k search from the top bit")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--maxnreg", type=int, default=None, help="a register ceiling (FLEXDEMO_ENCODE_MAXNREG)")
     ap.add_argument("--top", type=int, default=25, help="source lines to list")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    res = profile(compile_kernel(args.kernel, args.arch, args.k, args.precision, not args.no_bracket, args.warps))
+    res = profile(compile_kernel(args.kernel, args.arch, args.k, args.precision, not args.no_bracket, args.warps,
+                                 args.maxnreg))
     what = f", bracket={not args.no_bracket}" if args.kernel == "encode" else ""
     print(f"{args.kernel} kernel, sm_{args.arch}, k={args.k}, {args.precision}{what}: "
           f"{res['instructions']} SASS instructions, {res['resources']}")

@@ -291,3 +291,22 @@ def test_encode_with_the_bracket_search_is_bitwise_the_same(monkeypatch):
             idx, vals = fc.fused_encode(d, grad, LR, DECAY, layout, k, "sign")
             outs.append((d, idx, vals))
         assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def test_a_register_ceiling_launches_and_changes_nothing(monkeypatch):
+    # FLEXDEMO_ENCODE_MAXNREG (A/B timing) only adds a launch option; a bad value is refused
+    # with one message naming it. (Its effect on the compiled kernel: test_kernel_sass_profile.py.)
+    shape, chunk, k = (128, 192), 64, 32
+    layout = block_layout(shape, chunk)
+    delta, grad = _data(shape, 11)
+    outs = []
+    for ceiling in ("", "128"):
+        monkeypatch.setenv("FLEXDEMO_ENCODE_MAXNREG", ceiling)
+        d = delta.clone()
+        idx, vals = fc.fused_encode(d, grad, LR, DECAY, layout, k, "sign")
+        outs.append((d, idx, vals))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    for bad in ("12", "300", "lots"):
+        monkeypatch.setenv("FLEXDEMO_ENCODE_MAXNREG", bad)
+        with pytest.raises(ValueError, match="FLEXDEMO_ENCODE_MAXNREG"):
+            fc.fused_encode(delta.clone(), grad, LR, DECAY, layout, k, "sign")

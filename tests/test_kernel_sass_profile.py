@@ -29,6 +29,13 @@ def test_the_encode_kernel_compiles_offline_and_its_dct_is_found(tmp_path):
     assert any("tl.dot(tl.dot(f1, x" in lines[int(w.split(":")[1]) - 1] for w in dct)
 
 
+def test_a_register_ceiling_reaches_the_compiled_encode(tmp_path):
+    # FLEXDEMO_ENCODE_MAXNREG's launch option, as the script passes it: fewer registers, more spills.
+    free, capped = _profile(tmp_path), _profile(tmp_path, "--maxnreg", "168")
+    assert capped["resources"]["REG"] <= 168 < free["resources"]["REG"]
+    assert capped["resources"]["STACK"] > free["resources"]["STACK"]
+
+
 def test_the_mean_decode_compiles_offline_too(tmp_path):
     res = _profile(tmp_path, "--kernel", "mean_decode")
     assert res["by_op"].get("HGMMA", 0) > 0 and any(w.startswith("decode.py:") for w in res["by_line"])

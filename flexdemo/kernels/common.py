@@ -118,6 +118,20 @@ def num_warps(p1: int, p2: int) -> int:
     return 4 if p1 * p2 >= 2048 else 2
 
 
+def encode_launch(p1: int, p2: int) -> dict:
+    """The encode kernels' launch options: num_warps, and a register ceiling when
+    FLEXDEMO_ENCODE_MAXNREG is set, for A/B timing only. At 255 registers and 4 warps an SM
+    holds two encode blocks; a ceiling buys more blocks per SM with spills (offline, sm_90:
+    168 -> 3 blocks, 560-byte spill stack; 128 -> 4 blocks, 1,056 bytes). Same results either way."""
+    options = {"num_warps": num_warps(p1, p2)}
+    ceiling = os.environ.get("FLEXDEMO_ENCODE_MAXNREG", "")
+    if ceiling:
+        if not ceiling.isdigit() or not 24 <= int(ceiling) <= 255:
+            raise ValueError(f"FLEXDEMO_ENCODE_MAXNREG must be an integer in [24, 255], got {ceiling!r}")
+        options["maxnreg"] = int(ceiling)
+    return options
+
+
 def check_tensor(t: torch.Tensor, layout: BlockLayout, what: str) -> None:
     if t.dtype != torch.float32:
         raise TypeError(f"fused codec: {what} must be float32, got {t.dtype}")

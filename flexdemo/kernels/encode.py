@@ -17,9 +17,9 @@ from flexdemo.compression.dct import BlockLayout
 from flexdemo.kernels.common import (
     HAVE_TRITON,
     check_tensor,
+    encode_launch,
     fused_supported,
     geometry,
-    num_warps,
     padded_dct,
     pow2_at_least,
     search_bracket,
@@ -213,7 +213,7 @@ def fused_encode(
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=grad is not None, VALUES=values, PREC=precision, **sparse_plan(k, p1, p2),
         BRACKET=search_bracket(k, layout.n1),
-        num_warps=num_warps(p1, p2),
+        **encode_launch(p1, p2),
     )
     return idx, vals
 
@@ -268,6 +268,6 @@ def fused_encode_many(
         HAS_GRAD=n_grad > 0, MIXED_GRAD=0 < n_grad < len(grads), LR_TABLE=lr_tab is not None,
         VALUES=values, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned), **sparse_plan(k, p1, p2),
         BRACKET=search_bracket(k, L0.n1),
-        num_warps=num_warps(p1, p2),
+        **encode_launch(p1, p2),
     )
     return idx, vals
