@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute on one GPU (Firecracker machines read the counters; leave the clocks alone):
 # where the grouped encode kernel and the grouped mean decode spend their time, on two layers of
-# the llama3-8B shard (bench_fused.py's tensors), one launch of each. Writes $OUT/ncu_encode.txt
+# the llama3-8B shard (bench_fused.py's tensors): the first COUNT (2) launches whose name matches
+# KERNELS (both kernels; KERNELS=_encode_many_kernel COUNT=1: one encode). Writes $OUT/ncu_encode.txt
 # (the details page: throughput, occupancy, warp-state stall reasons, source counters) and
 # $OUT/ncu_encode.ncu-rep, all metrics (ncu_encode_raw.csv) and per-SASS-line counters
 # (ncu_encode_source.csv).
