@@ -32,16 +32,16 @@ INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)")
 LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 
 
-def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool, warps: int,
-                   maxnreg: int | None = None) -> bytes:
+def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool, warps: int) -> bytes:
     """The per-tensor launch of ``kernel`` for 64x64 blocks (the grouped launches run the same
-    block function), compiled for sm_``arch``."""
+    block function), compiled for sm_``arch``; the encode with the library's launch options
+    (common.encode_launch: FLEXDEMO_ENCODE_MAXNREG's ceiling), ``warps`` warps."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from flexdemo.kernels import decode, encode
-    from flexdemo.kernels.common import sparse_plan
+    from flexdemo.kernels.common import encode_launch, sparse_plan
 
     blocks = dict(N1=64, N2=64, P1=64, P2=64, K=k)
     plan = sparse_plan(k, 64, 64)
@@ -50,15 +50,16 @@ def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool
         sig = {"delta_ptr": "*fp32", "grad_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32", "idx_ptr": "*i32",
                "vals_ptr": "*fp32", "lr": "fp32", "decay": "fp32", "C": "i32", "blocks_per_row": "i32"}
         consts = dict(**blocks, HAS_GRAD=True, VALUES=0, PREC=precision, **plan, BRACKET=bracket)
+        options = {**encode_launch(64, 64), "num_warps": warps}
     else:
         fn = decode._mean_decode_kernel
         sig = {"param_ptr": "*fp32", "idx_ptr": "*i32", "vals_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32",
                "lr": "fp32", "C": "i32", "blocks_per_row": "i32", "num_blocks": "i32", "W": "i32"}
         consts = dict(**blocks, KP=plan["KP"], KC=plan["KC"], PREC=precision)
+        options = {"num_warps": warps}
     sig.update({name: "constexpr" for name in consts})
     names = list(sig)
     src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in consts.items()})
-    options = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     return compiled.asm["cubin"]
 
@@ -100,12 +101,16 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="tf32x3", choices=("tf32x3", "ieee", "tf32"))
     ap.add_argument("--no-bracket", action="store_true", help="encode: the top-k search from the top bit")
     ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--maxnreg", type=int, default=None, help="a register ceiling (FLEXDEMO_ENCODE_MAXNREG)")
+    ap.add_argument("--maxnreg", type=int, default=None,
+                    help="encode: a register ceiling (sets FLEXDEMO_ENCODE_MAXNREG for this process)")
     ap.add_argument("--top", type=int, default=25, help="source lines to list")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    res = profile(compile_kernel(args.kernel, args.arch, args.k, args.precision, not args.no_bracket, args.warps,
-                                 args.maxnreg))
+    if args.maxnreg is not None:
+        if args.kernel != "encode":
+            ap.error("--maxnreg applies to the encode only")
+        os.environ["FLEXDEMO_ENCODE_MAXNREG"] = str(args.maxnreg)
+    res = profile(compile_kernel(args.kernel, args.arch, args.k, args.precision, not args.no_bracket, args.warps))
     what = f", bracket={not args.no_bracket}" if args.kernel == "encode" else ""
     print(f"{args.kernel} kernel, sm_{args.arch}, k={args.k}, {args.precision}{what}: "
           f"{res['instructions']} SASS instructions, {res['resources']}")

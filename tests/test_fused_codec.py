@@ -275,6 +275,17 @@ def test_topk_threshold_is_the_kth_largest(k, spread, bracket):
             assert thr == kth
 
 
+def _encodes_under(monkeypatch, var, settings, delta, grad, layout, k):
+    """(delta after, idx, vals) of one sign encode per setting of the environment variable var."""
+    outs = []
+    for setting in settings:
+        monkeypatch.setenv(var, setting)
+        d = delta.clone()
+        idx, vals = fc.fused_encode(d, grad, LR, DECAY, layout, k, "sign")
+        outs.append((d, idx, vals))
+    return outs
+
+
 def test_encode_with_the_bracket_search_is_bitwise_the_same(monkeypatch):
     # The bracket (default; FLEXDEMO_TOPK_BRACKET=0: off) changes where the search starts, not
     # what it selects: every output bitwise equal, on random blocks, an all-zero block (every
@@ -284,12 +295,7 @@ def test_encode_with_the_bracket_search_is_bitwise_the_same(monkeypatch):
         delta, grad = _data(shape, 7)
         delta[:chunk, :chunk] = 0.0
         grad[:chunk, :chunk] = 0.0
-        outs = []
-        for flag in ("0", "1"):
-            monkeypatch.setenv("FLEXDEMO_TOPK_BRACKET", flag)
-            d = delta.clone()
-            idx, vals = fc.fused_encode(d, grad, LR, DECAY, layout, k, "sign")
-            outs.append((d, idx, vals))
+        outs = _encodes_under(monkeypatch, "FLEXDEMO_TOPK_BRACKET", ("0", "1"), delta, grad, layout, k)
         assert all(torch.equal(a, b) for a, b in zip(*outs))
 
 
@@ -299,12 +305,7 @@ def test_a_register_ceiling_launches_and_changes_nothing(monkeypatch):
     shape, chunk, k = (128, 192), 64, 32
     layout = block_layout(shape, chunk)
     delta, grad = _data(shape, 11)
-    outs = []
-    for ceiling in ("", "128"):
-        monkeypatch.setenv("FLEXDEMO_ENCODE_MAXNREG", ceiling)
-        d = delta.clone()
-        idx, vals = fc.fused_encode(d, grad, LR, DECAY, layout, k, "sign")
-        outs.append((d, idx, vals))
+    outs = _encodes_under(monkeypatch, "FLEXDEMO_ENCODE_MAXNREG", ("", "128"), delta, grad, layout, k)
     assert all(torch.equal(a, b) for a, b in zip(*outs))
     for bad in ("12", "300", "lots"):
         monkeypatch.setenv("FLEXDEMO_ENCODE_MAXNREG", bad)

@@ -30,7 +30,8 @@ def test_the_encode_kernel_compiles_offline_and_its_dct_is_found(tmp_path):
 
 
 def test_a_register_ceiling_reaches_the_compiled_encode(tmp_path):
-    # FLEXDEMO_ENCODE_MAXNREG's launch option, as the script passes it: fewer registers, more spills.
+    # FLEXDEMO_ENCODE_MAXNREG's launch option (common.encode_launch, which the script compiles
+    # with): fewer registers, more spills.
     free, capped = _profile(tmp_path), _profile(tmp_path, "--maxnreg", "168")
     assert capped["resources"]["REG"] <= 168 < free["resources"]["REG"]
     assert capped["resources"]["STACK"] > free["resources"]["STACK"]
