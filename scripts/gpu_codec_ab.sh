@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call on a 4-GPU host: the codec kernels as they are against an older copy of the
-# package (OLD_TREE, a folder holding flexdemo/: `mkdir .old_kernels && git archive <commit> flexdemo |
+# One device call on a 4-GPU host (2 GPUs do without OUTER and VARIANTS_FILE): the codec kernels as
+# they are against an older copy of the package (OLD_TREE, a folder holding flexdemo/: `mkdir .old_kernels && git archive <commit> flexdemo |
 # tar -x -C .old_kernels`, listed in .git/info/exclude and carried to the device machine), side by
 # side on the same card, then torchtitan throughput with the current kernels:
 #   GPU 0:    scripts/bench_optimizer_step.py, old (if OLD_TREE is set) then new (PROFILE=1: with
@@ -25,7 +25,8 @@ cd "$(dirname "$0")/.."
 OUT_DIR=/tmp/codec_ab; mkdir -p "$OUT_DIR" "${OUT:=outputs}"
 source scripts/gpu_env.sh
 OLD=${OLD_TREE:+$(cd "$OLD_TREE" && pwd)}; STEPS=${STEPS:-60}
-(( $(nvidia-smi -L | wc -l) >= 4 )) || { echo "needs 4 GPUs" >&2; exit 2; }
+need=2; [[ -n "${OUTER:-}${VARIANTS_FILE:-}" ]] && need=4  # GPUs 2,3 only for those
+(( $(nvidia-smi -L | wc -l) >= need )) || { echo "needs $need GPUs" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT_DIR/gpus.txt"
 
 (  # GPUs 2,3

@@ -34,31 +34,34 @@ LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 
 def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool, warps: int) -> bytes:
     """The per-tensor launch of ``kernel`` for 64x64 blocks (the grouped launches run the same
-    block function), compiled for sm_``arch``; the encode with the library's launch options
-    (common.encode_launch: FLEXDEMO_ENCODE_MAXNREG's ceiling), ``warps`` warps."""
+    block function), compiled for sm_``arch`` with the library's launch options for that
+    architecture (common.launch_options: its register ceiling, or FLEXDEMO_<KERNEL>_MAXNREG's),
+    ``warps`` warps."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from flexdemo.kernels import decode, encode
-    from flexdemo.kernels.common import encode_launch, sparse_plan
+    from flexdemo.kernels.common import launch_options, sparse_plan
 
     blocks = dict(N1=64, N2=64, P1=64, P2=64, K=k)
     plan = sparse_plan(k, 64, 64)
     if kernel == "encode":
         fn = encode._encode_kernel
-        sig = {"delta_ptr": "*fp32", "grad_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32", "idx_ptr": "*i32",
+        sig = {"delta_ptr": "*fp32", "grad_ptr": "*fp32", "skip_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32", "idx_ptr": "*i32",
                "vals_ptr": "*fp32", "lr": "fp32", "decay": "fp32", "C": "i32", "blocks_per_row": "i32"}
-        consts = dict(**blocks, HAS_GRAD=True, VALUES=0, PREC=precision, **plan, BRACKET=bracket)
-        options = {**encode_launch(64, 64), "num_warps": warps}
+        consts = dict(**blocks, HAS_GRAD=True, VALUES=0, PREC=precision, **plan, BRACKET=bracket, SKIP_FLAG=True)
+        options = {**launch_options("encode", 64, 64, divmod(arch, 10)), "num_warps": warps}
     else:
         fn = decode._mean_decode_kernel
         sig = {"param_ptr": "*fp32", "idx_ptr": "*i32", "vals_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32",
                "lr": "fp32", "C": "i32", "blocks_per_row": "i32", "num_blocks": "i32", "W": "i32"}
         consts = dict(**blocks, KP=plan["KP"], KC=plan["KC"], PREC=precision)
-        options = {"num_warps": warps}
+        options = {**launch_options("decode", 64, 64, divmod(arch, 10)), "num_warps": warps}
     sig.update({name: "constexpr" for name in consts})
-    names = list(sig)
+    names = list(fn.arg_names)  # constexprs are keyed by their position in the kernel's signature
+    assert sorted(names) == sorted(sig), (names, list(sig))
+    sig = {name: sig[name] for name in names}
     src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in consts.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     return compiled.asm["cubin"]
@@ -102,14 +105,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-bracket", action="store_true", help="encode: the top-k search from the top bit")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--maxnreg", type=int, default=None,
-                    help="encode: a register ceiling (sets FLEXDEMO_ENCODE_MAXNREG for this process)")
+                    help="a register ceiling, 0 for none (sets FLEXDEMO_<KERNEL>_MAXNREG for this process)")
     ap.add_argument("--top", type=int, default=25, help="source lines to list")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.maxnreg is not None:
-        if args.kernel != "encode":
-            ap.error("--maxnreg applies to the encode only")
-        os.environ["FLEXDEMO_ENCODE_MAXNREG"] = str(args.maxnreg)
+        os.environ[f"FLEXDEMO_{'ENCODE' if args.kernel == 'encode' else 'DECODE'}_MAXNREG"] = str(args.maxnreg)
     res = profile(compile_kernel(args.kernel, args.arch, args.k, args.precision, not args.no_bracket, args.warps))
     what = f", bracket={not args.no_bracket}" if args.kernel == "encode" else ""
     print(f"{args.kernel} kernel, sm_{args.arch}, k={args.k}, {args.precision}{what}: "

@@ -300,14 +300,31 @@ def test_encode_with_the_bracket_search_is_bitwise_the_same(monkeypatch):
 
 
 def test_a_register_ceiling_launches_and_changes_nothing(monkeypatch):
-    # FLEXDEMO_ENCODE_MAXNREG (A/B timing) only adds a launch option; a bad value is refused
+    # FLEXDEMO_ENCODE_MAXNREG (A/B timing) only changes a launch option; a bad value is refused
     # with one message naming it. (Its effect on the compiled kernel: test_kernel_sass_profile.py.)
     shape, chunk, k = (128, 192), 64, 32
     layout = block_layout(shape, chunk)
     delta, grad = _data(shape, 11)
-    outs = _encodes_under(monkeypatch, "FLEXDEMO_ENCODE_MAXNREG", ("", "128"), delta, grad, layout, k)
+    outs = _encodes_under(monkeypatch, "FLEXDEMO_ENCODE_MAXNREG", ("0", "128"), delta, grad, layout, k)
     assert all(torch.equal(a, b) for a, b in zip(*outs))
-    for bad in ("12", "300", "lots"):
+    for bad in ("12", "300", "lots", "-1"):
         monkeypatch.setenv("FLEXDEMO_ENCODE_MAXNREG", bad)
         with pytest.raises(ValueError, match="FLEXDEMO_ENCODE_MAXNREG"):
             fc.fused_encode(delta.clone(), grad, LR, DECAY, layout, k, "sign")
+
+
+def test_launch_options_cap_registers_on_hopper_only(monkeypatch):
+    from flexdemo.kernels.common import HOPPER_MAXNREG, launch_options
+
+    for var in ("FLEXDEMO_ENCODE_MAXNREG", "FLEXDEMO_DECODE_MAXNREG"):
+        monkeypatch.delenv(var, raising=False)
+    assert launch_options("encode", 64, 64, (9, 0)) == {"num_warps": 4, "maxnreg": HOPPER_MAXNREG["encode"]}
+    assert launch_options("encode", 64, 64, (8, 0)) == {"num_warps": 4}  # not measured elsewhere
+    assert launch_options("encode", 64, 64, None) == {"num_warps": 4}
+    assert launch_options("encode", 1, 64, (9, 0))["num_warps"] == 2
+    assert launch_options("decode", 64, 64, (9, 0))["maxnreg"] == HOPPER_MAXNREG["decode"]
+    monkeypatch.setenv("FLEXDEMO_ENCODE_MAXNREG", "0")
+    assert launch_options("encode", 64, 64, (9, 0)) == {"num_warps": 4}
+    monkeypatch.setenv("FLEXDEMO_DECODE_MAXNREG", "128")
+    assert launch_options("decode", 64, 64, None) == {"num_warps": 4, "maxnreg": 128}
+    assert "maxnreg" not in launch_options("encode", 64, 64, None)

@@ -98,6 +98,30 @@ def test_encode_many_mixed_grads_per_tensor_lr_and_cached_tables():
     _assert_encode_equal(layouts, deltas, d_ref, ref, d_grp, idx, vals)
 
 
+def test_a_skip_flag_on_the_device_drops_every_grad():
+    # skip_grad (DeMo's non-finite flag, read by the kernel): 1 encodes as if every grad were
+    # None, even NaN ones; 0 as if there were no flag. Grouped (mixed grads) and per-tensor.
+    layouts, k, deltas, grads = _group("64x64", seed=3, no_grad=(2,))
+    grads[1] = grads[1].clone()
+    grads[1][5, 7] = float("nan")
+    for skip, want_grads in ((1.0, [None] * len(grads)), (0.0, grads)):
+        flag = torch.tensor([skip])
+        d_want, d_grp = [d.clone() for d in deltas], [d.clone() for d in deltas]
+        want = fc.fused_encode_many(d_want, want_grads, LR, DECAY, layouts, k, "sign")
+        got = fc.fused_encode_many(d_grp, grads, LR, DECAY, layouts, k, "sign", skip_grad=flag)
+        # skip: values (+0 and -0 compare equal: 0 * lr was added); no skip: bits (NaN included)
+        same = torch.equal if skip else _same_bits
+        assert all(same(a, b) for a, b in zip(want, got)), skip
+        assert all(same(a, b) for a, b in zip(d_want, d_grp)), skip
+        assert torch.isnan(d_grp[1]).any() != bool(skip)
+        d_one = deltas[1].clone()
+        one = fc.fused_encode(d_one, grads[1], LR, DECAY, layouts[1], k, "sign", skip_grad=flag)
+        offs = fc.group_block_offsets(layouts)
+        assert _same_bits(one[0], got[0][offs[1]:offs[2]]) and _same_bits(d_one, d_grp[1]), skip
+    with pytest.raises(ValueError, match="skip_grad must be one fp32 element"):
+        fc.fused_encode_many(deltas, grads, LR, DECAY, layouts, k, "sign", skip_grad=torch.tensor([1, 0.0]))
+
+
 def _replicas(idx, vals, W, seed):
     # Replica 0 is ours; the others are block-rolled copies (distinct per-block indices, partial
     # overlap with ours) with scaled values.

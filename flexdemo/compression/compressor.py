@@ -139,10 +139,13 @@ class TopkCompressor:
         scale: float = 1.0,
         decay: float = 1.0,
         members: list[int] | None = None,
+        skip_incs: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``acc = decay * acc + scale * inc`` (``inc`` None = zero), top-k, error feedback, for
         the local accumulators ``accs`` of ``bucket``'s members (all, or the listed ``members``
-        when the caller streams its state). Returns their ``(idx, vals)`` rows ``[B, k]``."""
+        when the caller streams its state). Returns their ``(idx, vals)`` rows ``[B, k]``.
+        ``skip_incs``: a one-element fp32 device tensor; nonzero: every ``inc`` counts as zero
+        (decided on the device, without a host sync)."""
         chosen = [bucket.members[i] for i in members] if members is not None else bucket.members
         if len(accs) != len(chosen):
             raise ValueError(f"select: {len(accs)} accumulators for {len(chosen)} members")
@@ -150,13 +153,13 @@ class TopkCompressor:
         layouts = [m.layout for m in chosen]
         if bucket.fused:
             return fused_encode_many(accs, incs, scale, decay, layouts, bucket.k, self.encoding,
-                                     precision=self.kernel_precision)
+                                     precision=self.kernel_precision, skip_grad=skip_incs)
         idx_parts, val_parts = [], []
         for acc, inc, layout in zip(accs, incs, layouts):
             if decay != 1.0:
                 acc.mul_(decay)
             if inc is not None:
-                acc.add_(inc, alpha=scale)
+                acc.add_(inc if skip_incs is None else torch.where(skip_incs != 0, 0.0, inc), alpha=scale)
             idx, vals = compress(acc, layout, bucket.k, self.encoding)
             idx_parts.append(idx)
             val_parts.append(vals)

@@ -14,6 +14,7 @@ for tests only).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -118,18 +119,43 @@ def num_warps(p1: int, p2: int) -> int:
     return 4 if p1 * p2 >= 2048 else 2
 
 
-def encode_launch(p1: int, p2: int) -> dict:
-    """The encode kernels' launch options: num_warps, and a register ceiling when
-    FLEXDEMO_ENCODE_MAXNREG is set, for A/B timing only. At 255 registers and 4 warps an SM
-    holds two encode blocks; a ceiling buys more blocks per SM with spills (offline, sm_90:
-    168 -> 3 blocks, 560-byte spill stack; 128 -> 4 blocks, 1,056 bytes). Same results either way."""
+# Register ceilings per kernel on Hopper (sm_90; an SM has 64 K registers), for more blocks per
+# SM: the encode at 4 warps held two blocks at ~250 registers, three at 168 (with spills); the
+# mean decode three at 136, four at 128 (no spills). On an H200, llama3-8B shard: grouped encode
+# 16.97 -> 15.37 ms, decode 6.7 -> 6.0 ms (docs/benchmarks.md section 5, round 5). Other
+# architectures keep the compiler's choice (not measured).
+HOPPER_MAXNREG = {"encode": 168, "decode": 128}
+
+
+def launch_options(kernel: str, p1: int, p2: int, capability: tuple[int, int] | None) -> dict:
+    """The launch options of the fused ``kernel`` ("encode" or "decode") for padded p1 x p2
+    blocks on a device of compute ``capability`` (None: CPU): num_warps, and a register
+    ceiling (``maxnreg``): HOPPER_MAXNREG's on sm_90, or FLEXDEMO_<KERNEL>_MAXNREG's (an integer
+    in [24, 255]; 0: none), for A/B timing. Only speed changes; results are the same."""
     options = {"num_warps": num_warps(p1, p2)}
-    ceiling = os.environ.get("FLEXDEMO_ENCODE_MAXNREG", "")
-    if ceiling:
-        if not ceiling.isdigit() or not 24 <= int(ceiling) <= 255:
-            raise ValueError(f"FLEXDEMO_ENCODE_MAXNREG must be an integer in [24, 255], got {ceiling!r}")
-        options["maxnreg"] = int(ceiling)
+    name = f"FLEXDEMO_{kernel.upper()}_MAXNREG"
+    value = os.environ.get(name, "")
+    if value == "":
+        ceiling = HOPPER_MAXNREG.get(kernel) if capability is not None and capability[0] == 9 else None
+    elif value.isdigit() and (int(value) == 0 or 24 <= int(value) <= 255):
+        ceiling = int(value) or None
+    else:
+        raise ValueError(f"{name} must be 0 (no ceiling) or an integer in [24, 255], got {value!r}")
+    if ceiling is not None:
+        options["maxnreg"] = ceiling
     return options
+
+
+def device_capability(device: torch.device | str) -> tuple[int, int] | None:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def check_tensor(t: torch.Tensor, layout: BlockLayout, what: str) -> None:
@@ -154,12 +180,17 @@ if HAVE_TRITON:
 
     @triton.jit
     def _count_ge(bits, t1, t2, t3):
-        # How many bits are >= each of three thresholds, in one block-wide sum: three 16-bit
-        # fields of an int64 (counts are <= 64 * 64 < 2**16). One reduction per two bits of the
-        # search instead of two: the search is latency-bound on its block-wide sums.
-        packed = ((bits >= t1).to(tl.int64) | ((bits >= t2).to(tl.int64) << 16)
-                  | ((bits >= t3).to(tl.int64) << 32))
-        s = tl.sum(tl.sum(packed, axis=1), axis=0)
+        # How many bits are >= each of three thresholds, in one block-wide sum: the search is
+        # latency-bound on its block-wide sums, so one per two bits of the search. Each row's
+        # three counts in 10-bit fields of an int32 (a row has <= MAX_BLOCK = 64 < 2**10
+        # elements: 32-bit adds per element), then the rows' in 16-bit fields of an int64 (a
+        # block has <= 64 * 64 < 2**16).
+        packed = ((bits >= t1).to(tl.int32) | ((bits >= t2).to(tl.int32) << 10)
+                  | ((bits >= t3).to(tl.int32) << 20))
+        rows = tl.sum(packed, axis=1)
+        wide = ((rows & 0x3FF).to(tl.int64) | (((rows >> 10) & 0x3FF).to(tl.int64) << 16)
+                | ((rows >> 20).to(tl.int64) << 32))
+        s = tl.sum(wide, axis=0)
         return s & 0xFFFF, (s >> 16) & 0xFFFF, s >> 32
 
     @triton.jit

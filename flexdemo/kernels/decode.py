@@ -18,8 +18,10 @@ from flexdemo.compression.dct import BlockLayout
 from flexdemo.kernels.common import (
     HAVE_TRITON,
     check_tensor,
+    device_capability,
     fused_supported,
     geometry,
+    launch_options,
     num_warps,
     padded_dct,
     pow2_at_least,
@@ -150,7 +152,7 @@ def fused_mean_decode_update(
     _mean_decode_kernel[(B,)](
         param, idx, vals, f1, f2, float(lr), layout.cols, bpr, B, W,
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k, KP=plan["KP"], KC=plan["KC"], PREC=precision,
-        num_warps=num_warps(p1, p2),
+        **launch_options("decode", p1, p2, device_capability(param.device)),
     )
 
 
@@ -177,7 +179,7 @@ def _mean_decode_many(outs, idx, vals, lr, layouts, precision: str, sign_update:
         ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, idx, vals, f1, f2, lr_s, float(scale), total, W,
         N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k, KP=plan["KP"], KC=plan["KC"],
         LR_TABLE=lr_tab is not None, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned),
-        SIGN_UPDATE=sign_update, num_warps=num_warps(p1, p2),
+        SIGN_UPDATE=sign_update, **launch_options("decode", p1, p2, device_capability(device)),
     )
 
 

@@ -17,9 +17,10 @@ from flexdemo.compression.dct import BlockLayout
 from flexdemo.kernels.common import (
     HAVE_TRITON,
     check_tensor,
-    encode_launch,
+    device_capability,
     fused_supported,
     geometry,
+    launch_options,
     padded_dct,
     pow2_at_least,
     search_bracket,
@@ -53,11 +54,12 @@ if HAVE_TRITON:
 
     @triton.jit
     def _encode_block(
-        b, row, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
+        b, row, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
         lr, decay, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
+        SKIP_FLAG: tl.constexpr,
     ):
         # Block b of the tensor at delta_ptr; its idx/vals go to output row `row`.
         base, offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
@@ -68,6 +70,8 @@ if HAVE_TRITON:
         x = tl.load(delta_ptr + offs, mask=valid, other=0.0)
         if HAS_GRAD:
             g = tl.load(grad_ptr + offs, mask=valid, other=0.0)
+            if SKIP_FLAG:  # a device flag != 0: the grads count as zero (a replica's non-finite step)
+                g = tl.where(tl.load(skip_ptr) != 0, 0.0, g)
             x = x * decay + g * lr
         else:
             x = x * decay
@@ -129,23 +133,25 @@ if HAVE_TRITON:
 
     @triton.jit
     def _encode_kernel(
-        delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
+        delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
         lr, decay, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
+        SKIP_FLAG: tl.constexpr,
     ):
         b = tl.program_id(0)
-        _encode_block(b, b, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, blocks_per_row,
-                      N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
+        _encode_block(b, b, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C,
+                      blocks_per_row, N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
 
     @triton.jit
     def _encode_many_kernel(
-        ptr_tab, blk_tensor_ptr, meta_ptr, lr_tab, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay,
+        ptr_tab, blk_tensor_ptr, meta_ptr, lr_tab, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, MIXED_GRAD: tl.constexpr, LR_TABLE: tl.constexpr,
         VALUES: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
+        SKIP_FLAG: tl.constexpr,
     ):
         g = tl.program_id(0)
         t, b, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
@@ -161,17 +167,17 @@ if HAVE_TRITON:
                 grad_ptr = tl.multiple_of(grad_ptr, 16)
             if MIXED_GRAD:
                 if g_addr != 0:
-                    _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                                  N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
+                    _encode_block(b, g, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay,
+                                  C, bpr, N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
                 else:
-                    _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                                  N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
+                    _encode_block(b, g, delta_ptr, delta_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay,
+                                  C, bpr, N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
             else:
-                _encode_block(b, g, delta_ptr, grad_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                              N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
+                _encode_block(b, g, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                              N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
         else:
-            _encode_block(b, g, delta_ptr, delta_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
-                          N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET)
+            _encode_block(b, g, delta_ptr, delta_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                          N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
 
 
 def fused_encode(
@@ -184,6 +190,7 @@ def fused_encode(
     encoding: str,
     *,
     precision: str = "ieee",
+    skip_grad: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Momentum update + DCT + top-k + error feedback of one tensor in one launch.
 
@@ -194,6 +201,8 @@ def fused_encode(
     :func:`flexdemo.compression.codec.select` gives them; pack with
     :func:`flexdemo.kernels.pack.fused_pack_payload`. ``precision`` is tl.dot's
     input_precision: "ieee" (fp32, default), or "tf32x3"/"tf32" for speed at lower accuracy.
+    ``skip_grad``: a one-element tensor on the device; where it is nonzero when the kernel runs,
+    ``grad`` counts as zero (read on the device: the caller need not sync to decide).
     """
     if not fused_supported(layout, delta.device, delta.dtype):
         raise ValueError(f"fused_encode: unsupported layout {layout} on {delta.device}")
@@ -203,17 +212,18 @@ def fused_encode(
     check_tensor(delta, layout, "delta")
     if grad is not None:
         check_tensor(grad, layout, "grad")
+    _check_skip(skip_grad, delta.device, "fused_encode")
     B = layout.num_blocks
     p1, p2, f1, f2, bpr = geometry(layout, delta.device)
     idx = torch.empty(B, k, dtype=torch.int32, device=delta.device)
     vals = torch.empty(B, k, dtype=torch.float32, device=delta.device)
     _encode_kernel[(B,)](
-        delta, grad if grad is not None else delta, f1, f2, idx, vals,
+        delta, grad if grad is not None else delta, skip_grad if skip_grad is not None else f1, f1, f2, idx, vals,
         float(lr), float(decay), layout.cols, bpr,
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=grad is not None, VALUES=values, PREC=precision, **sparse_plan(k, p1, p2),
-        BRACKET=search_bracket(k, layout.n1),
-        **encode_launch(p1, p2),
+        BRACKET=search_bracket(k, layout.n1), SKIP_FLAG=skip_grad is not None and grad is not None,
+        **launch_options("encode", p1, p2, device_capability(delta.device)),
     )
     return idx, vals
 
@@ -228,6 +238,7 @@ def fused_encode_many(
     encoding: str,
     *,
     precision: str = "ieee",
+    skip_grad: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`fused_encode` of many tensors with equal blocks ``n1 x n2``, in ONE launch.
 
@@ -235,7 +246,7 @@ def fused_encode_many(
     blocks in rows ``offsets[i]:offsets[i+1]`` (:func:`flexdemo.kernels.tables.group_block_offsets`);
     each ``deltas[i]`` is updated in place. Bitwise the same as calling :func:`fused_encode` per
     tensor. ``grads[i]`` may be None (zero gradient). ``lr`` is a float, or one per tensor (a
-    sequence or fp32 tensor).
+    sequence or fp32 tensor). ``skip_grad``: as in :func:`fused_encode`, for every tensor.
     """
     values = _values_mode(encoding)
     if len(grads) != len(deltas):
@@ -249,6 +260,7 @@ def fused_encode_many(
             if g.device != device:
                 raise ValueError(f"fused_encode_many: grad on {g.device}, delta on {device}")
             check_tensor(g, L, "grad")
+    _check_skip(skip_grad, device, "fused_encode_many")
     n_grad = sum(g is not None for g in grads)
     blk_tensor, meta, total, cols_aligned = layout_tables(layouts, device)
     addrs = []
@@ -262,12 +274,19 @@ def fused_encode_many(
     idx = torch.empty(total, k, dtype=torch.int32, device=device)
     vals = torch.empty(total, k, dtype=torch.float32, device=device)
     _encode_many_kernel[(total,)](
-        ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, f1, f2, idx, vals,
+        ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, skip_grad if skip_grad is not None else f1,
+        f1, f2, idx, vals,
         lr_s, float(decay),
         N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=n_grad > 0, MIXED_GRAD=0 < n_grad < len(grads), LR_TABLE=lr_tab is not None,
         VALUES=values, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned), **sparse_plan(k, p1, p2),
-        BRACKET=search_bracket(k, L0.n1),
-        **encode_launch(p1, p2),
+        BRACKET=search_bracket(k, L0.n1), SKIP_FLAG=skip_grad is not None and n_grad > 0,
+        **launch_options("encode", p1, p2, device_capability(device)),
     )
     return idx, vals
+
+
+def _check_skip(skip: torch.Tensor | None, device: torch.device, what: str) -> None:
+    if skip is not None and (skip.numel() != 1 or skip.device != device or skip.dtype != torch.float32):
+        raise ValueError(f"{what}: skip_grad must be one fp32 element on {device}, got "
+                         f"{tuple(skip.shape)} {skip.dtype} on {skip.device}")

@@ -33,7 +33,13 @@ import torch.distributed as dist
 
 from flexdemo.compression.codec import check_encoding
 from flexdemo.compression.compressor import StartedExchange, TopkCompressor
-from flexdemo.compression.exchange import NonFiniteError, any_nonfinite, check_replicate_group, group_size, shard_group_of
+from flexdemo.compression.exchange import (
+    NonFiniteError,
+    check_replicate_group,
+    group_size,
+    nonfinite_flags,
+    shard_group_of,
+)
 from flexdemo.local import local_tensor as _local
 
 
@@ -73,7 +79,8 @@ class DeMo(torch.optim.Optimizer):
         self.nonfinite = nonfinite
         self.param_names: dict[int, str] = {}  # id(param) -> name, for messages (set by the caller)
         self.last_step_skipped_by: list[int] = []  # replicas whose non-finite gradient skipped the last step
-        self._bad_here: list[str] = []
+        # The last step's non-finite flag per local gradient (device) and (index, param) of each.
+        self._bad_here: tuple[torch.Tensor, list] = (torch.zeros(0, dtype=torch.bool), [])
         self.overlap = overlap
         self.kernel_precision = kernel_precision
         self.exchange_timeout = exchange_timeout
@@ -161,13 +168,14 @@ class DeMo(torch.optim.Optimizer):
             group = self.param_groups[b.group_index]
             deltas = [_local(self.state[m.param]["delta"]) for m in b.members]
             # A missing grad counts as zero (every replica must pack the same layout), and so
-            # does every grad of a replica that saw a non-finite one.
-            grads = [None if bad or m.param.grad is None else _local(m.param.grad) for m in b.members]
-            idx, vals = comp.select(b, deltas, grads, scale=group["lr"], decay=group["compression_decay"])
+            # does every grad of a replica that saw a non-finite one (bad, read on the device).
+            grads = [None if m.param.grad is None else _local(m.param.grad) for m in b.members]
+            idx, vals = comp.select(b, deltas, grads, scale=group["lr"], decay=group["compression_decay"],
+                                    skip_incs=bad)
             sent.append((idx, vals))
             payloads.append(comp.pack(b, idx, vals))
         lrs = [g["lr"] for g in self.param_groups]
-        flag = torch.tensor([int(bad)], dtype=torch.uint8)
+        flag = bad.to(torch.uint8)
         if self.overlap:
             self._pending, self._pending_lrs = comp.start_exchange(payloads, flag), lrs
             self._pending_sent = sent
@@ -175,14 +183,16 @@ class DeMo(torch.optim.Optimizer):
             self._finish(comp.exchange(payloads, flag), lrs, sent, scales)
         return loss
 
-    def _nonfinite_here(self) -> bool:
-        """Whether any local gradient of this replica is non-finite (agreed over its shards)."""
-        grads = [_local(p.grad) for p in self._trainable() if p.grad is not None]
-        if not any_nonfinite(grads, self._shard_group, self.compressor.device):
-            return False
-        self._bad_here = [self.param_names.get(id(p), f"parameter {i}") for i, p in enumerate(self._trainable())
-                          if p.grad is not None and not bool(torch.isfinite(_local(p.grad)).all())]
-        return True
+    def _nonfinite_here(self) -> torch.Tensor:
+        """Whether any local gradient of this replica is non-finite (agreed over its shards), as a
+        one-element fp32 tensor on the device: no host sync before the encode, whose kernels read
+        it. Which local gradients were non-finite is kept on the device too, for the message of
+        ``nonfinite="stop"`` (:meth:`_finish`)."""
+        with_grad = [(i, p) for i, p in enumerate(self._trainable()) if p.grad is not None]
+        each, bad = nonfinite_flags([_local(p.grad) for _, p in with_grad], self._shard_group,
+                                    self.compressor.device)
+        self._bad_here = (each, with_grad)
+        return bad.reshape(1)
 
     def _finish(self, gathered: torch.Tensor, lrs: list[float], sent, scales: list[float] | None = None) -> None:
         """Apply an exchange's update, unless a replica flagged a non-finite gradient; ``scales``:
@@ -193,7 +203,10 @@ class DeMo(torch.optim.Optimizer):
             self._apply(gathered, lrs, scales)
             return
         if self.nonfinite == "stop":
-            here = f"; here in {', '.join(self._bad_here)}" if self._bad_here else ""
+            each, with_grad = self._bad_here
+            bad_here = [self.param_names.get(id(p), f"parameter {i}")  # a host copy, on this path only
+                        for (i, p), b in zip(with_grad, each.tolist()) if b]
+            here = f"; here in {', '.join(bad_here)}" if bad_here else ""
             raise NonFiniteGradientError(
                 f"DeMo: a non-finite gradient on replica(s) {bad}{here}; stopping before it reaches a parameter "
                 "([flexdemo] nonfinite = \"skip\" skips such steps instead)"
@@ -203,7 +216,6 @@ class DeMo(torch.optim.Optimizer):
         if scales is not None:  # the step's weight decay still applies
             self._decay_weights(scales)
         self.last_step_skipped_by = bad
-        self._bad_here = []
 
     def _apply(self, gathered: torch.Tensor, lrs: list[float], scales: list[float] | None) -> None:
         """``p = p * scale - lr * sign(IDCT(mean over selecting replicas))`` from every replica's
