@@ -2,7 +2,8 @@
 # One device call on 2 GPUs: torchtitan 1B, 2 replicas x 1 shard (seq 2048, local batch 4), STEPS
 # steps of each run in RUNS (ddp_adamw, flexdemo, flexdemo_overlap) with torch.profiler on for
 # steps PROFILE_AT-1 and PROFILE_AT (torchtitan's [profiling]), then scripts/titan_trace_summary.py
-# on rank 0's trace: where a step's GPU time goes and where the GPU idles. Into $OUT/titan_profile.tgz.
+# on rank 0's trace: where a step's GPU time goes and where the GPU idles (PROFILE=0: no profiler,
+# for tokens/s; the summary table either way). Into $OUT/titan_profile.tgz.
 #   STEPS=30 bash scripts/gpu_titan_profile.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,9 +13,9 @@ STEPS=${STEPS:-30}; AT=${PROFILE_AT:-25}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT_DIR/gpus.txt"
 export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0
 COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$STEPS"
-        --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq 100000
-        --profiling.enable_profiling --profiling.profile_freq "$AT" --profiling.profiler_warmup 3
-        --profiling.profiler_active 2)
+        --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq 100000)
+[[ "${PROFILE:-1}" != 0 ]] && COMMON+=(--profiling.enable_profiling --profiling.profile_freq "$AT"
+                                       --profiling.profiler_warmup 3 --profiling.profiler_active 2)
 RUN_TIMEOUT=${RUN_TIMEOUT:-200}
 for name in ${RUNS:-ddp_adamw flexdemo flexdemo_overlap}; do
   case $name in

@@ -21,7 +21,14 @@ def _grads(params, rank, step):
     backward_on(params, 100 * rank + step)
 
 
-def _skip(rank, world, overlap):
+def _skip(rank, world, overlap, deferred=False, check_momentum=True):
+    # deferred: the flags' copy to the host never reports ready, so the step learns of the skip
+    # only when it must (the next step, state_dict), through pop_skipped_steps, as a trainer does.
+    # check_momentum: read the momentum after the flagged step (through state_dict).
+    if deferred:
+        from flexdemo.compression import compressor
+
+        compressor.HostFlags.ready = lambda self: False
     params = make_params()
     opt = DeMo(params, lr=LR, weight_decay=WD, compression_decay=DECAY, compression_topk=8, overlap=overlap,
                value_encoding="fp32")
@@ -34,28 +41,49 @@ def _skip(rank, world, overlap):
         deltas = [opt.state[p]["delta"].clone() if p in opt.state else torch.zeros_like(p) for p in params]
         grads = [torch.zeros_like(p) if (step == BAD_STEP and rank == 1) else p.grad.clone() for p in params]
         opt.step()
-        skipped.append(opt.last_step_skipped_by)
+        if deferred:
+            skipped.append([])
+            for ago, replicas in opt.pop_skipped_steps():
+                skipped[-1 - ago] = replicas
+        else:
+            skipped.append(opt.last_step_skipped_by)
         if step == (BAD_STEP + 1 if overlap else BAD_STEP):
             # Nobody applied the flagged update: with overlap this step applied nothing but its decay.
             applied_nothing = all(torch.equal(p, b * (1 - LR * WD)) for p, b in zip(params, before))
             checks.append(applied_nothing)
-        if step == BAD_STEP and not overlap:
+        if step == BAD_STEP and not overlap and check_momentum:
             # The momentum kept this step's gradient (the one that saw NaN: none), nothing was lost.
             expected = [d * DECAY + LR * g for d, g in zip(deltas, grads)]
+            opt.state_dict()  # (deferred: it puts the skipped step's payload back first)
             worst = max(float((opt.state[p]["delta"] - e).abs().max() / e.abs().max())
                         for p, e in zip(params, expected))
             checks.append(worst < 1e-5)
         assert all(torch.isfinite(p).all() and torch.isfinite(opt.state[p]["delta"]).all() for p in params)
         assert all_ranks_equal(params)
-    return skipped, checks
+    if deferred:
+        for ago, replicas in opt.pop_skipped_steps(wait=True):
+            skipped[-1 - ago] = replicas
+    return skipped, checks, [p.detach().clone() for p in params], [opt.state[p]["delta"].clone() for p in params]
 
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_every_replica_skips_the_step_alike(overlap):
     flagged_step = BAD_STEP + 1 if overlap else BAD_STEP  # overlap learns it one step later
-    for skipped, checks in run_ranks(_skip, 2, overlap):
+    for skipped, checks, _, _ in run_ranks(_skip, 2, overlap):
         assert skipped == [[1] if s == flagged_step else [] for s in range(5)]
         assert checks and all(checks), checks
+
+
+@pytest.mark.parametrize("check_momentum", [True, False])
+def test_a_skip_learned_late_ends_the_same(check_momentum):
+    # Nothing waits for the flags in a step (nonfinite="skip"): learned late, the skipped
+    # payload is put back before the momentum is next read (by state_dict, or else by the next
+    # step's encode), and the run ends bitwise as when the flags are read at once.
+    at_once, late = run_ranks(_skip, 2, False), run_ranks(_skip, 2, False, True, check_momentum)
+    for (skipped, checks, params, deltas), (skipped_l, checks_l, params_l, deltas_l) in zip(at_once, late):
+        assert skipped_l == skipped == [[1] if s == BAD_STEP else [] for s in range(5)]
+        assert all(checks_l) and len(checks_l) == 1 + check_momentum, checks_l
+        assert all(torch.equal(a, b) for a, b in zip(params + deltas, params_l + deltas_l))
 
 
 def _stop(rank, world):

@@ -29,14 +29,15 @@ def _against_reference(rank, world, encoding, steps, weight_decay):
         # what was sent left it, and nothing else did.
         momentum_errors.append(max(
             float((opt.state[a]["delta"] - d).abs().max() / d.abs().max()) for a, d in zip(ours, reference.delta)))
-        if encoding in ("sign", "scaled_sign"):
-            if not differs_only_where_update_is_zero(ours, ref, reference.last_decoded):
-                mismatched_steps.append(step)
-            with torch.no_grad():  # re-align the parameters where a ~0 update took the other sign
-                for a, b in zip(ours, ref):
-                    b.copy_(a)
-        elif not all(torch.equal(a, b) for a, b in zip(ours, ref)):
+        # Every encoding's update is lr * sign(decoded): where the decoded mean is 0 in exact
+        # arithmetic (opposite votes, symmetric cosines), each implementation takes the sign of
+        # its own rounding, which differs between CPUs (a machine with other SIMD kernels showed
+        # it at step 5 for fp32). Only there may the parameters differ.
+        if not differs_only_where_update_is_zero(ours, ref, reference.last_decoded):
             mismatched_steps.append(step)
+        with torch.no_grad():  # re-align the parameters where a ~0 update took the other sign
+            for a, b in zip(ours, ref):
+                b.copy_(a)
         if not all_ranks_equal(ours):
             diverged_steps.append(step)
     moved = sum(float((a.detach() - b.detach()).abs().sum()) for a, b in zip(ours, make_params(0)))

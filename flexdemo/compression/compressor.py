@@ -79,6 +79,31 @@ class StartedExchange:
         return self.gathered
 
 
+class HostFlags:
+    """Every replica's flag byte on its way to the host: on CUDA a copy into pinned memory after
+    the exchange on the stream, so that reading it (:meth:`values`) later waits only for that
+    copy, not for the work queued after it (a ``tolist()`` would)."""
+
+    def __init__(self, gathered: torch.Tensor):
+        column = gathered[:, -FLAG_BYTES]
+        self._event = None
+        if column.is_cuda:
+            self._host = torch.empty(column.shape, dtype=column.dtype, pin_memory=True)
+            self._host.copy_(column, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = column.clone()
+
+    def ready(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def values(self) -> list[int]:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()
+
+
 class TopkCompressor:
     """Compression of a fixed set of tensors (one list per param group, with its chunk and
     top-k), exchanged over ``replicate_group``. Every replica rank must build it for the same
@@ -232,19 +257,27 @@ class TopkCompressor:
         return unpack_payload(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, self.encoding, bucket.dtype)
 
     def decode_sign_update(self, bucket: Bucket, idx, vals, targets: list[torch.Tensor], lr: float,
-                           scale: float = 1.0) -> None:
+                           scale: float = 1.0, keep: torch.Tensor | None = None) -> None:
         """``target = target * scale - lr * sign(IDCT(mean over selecting replicas))`` for every
-        member of ``bucket`` (``scale``: a decoupled weight decay, fused into the same pass)."""
+        member of ``bucket`` (``scale``: a decoupled weight decay, fused into the same pass).
+        ``keep``: a 0-dim fp32 0/1 on the device; lr is multiplied by it there (0: only the
+        scale applies), so that the caller need not sync the host to decide."""
         layouts = [m.layout for m in bucket.members]
+        if keep is not None:
+            lr = (keep.to(torch.float32) * lr).expand(len(layouts))  # fp32(lr) or 0, exactly
         if bucket.fused:
             fused_mean_decode_update_many(targets, idx, vals, lr, layouts, precision=self.kernel_precision,
                                           scale=scale)
             return
-        for m, t in zip(bucket.members, targets):
+        for i, (m, t) in enumerate(zip(bucket.members, targets)):
             rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
             if scale != 1.0:
                 t.mul_(scale)
-            t.add_(decode_mean(idx[:, rows], vals[:, rows], m.layout).sign_(), alpha=-lr)
+            signs = decode_mean(idx[:, rows], vals[:, rows], m.layout).sign_()
+            if keep is None:
+                t.add_(signs, alpha=-lr)
+            else:  # -lr_i * sign is exact (sign is -1, 0 or 1): the same bits as alpha=-lr
+                t.add_(signs.mul_(-lr[i].to(t.dtype)))
 
     def decode_into(self, bucket: Bucket, idx, vals, member: int, out: torch.Tensor) -> torch.Tensor:
         """``out = IDCT(mean over selecting replicas)`` of one member of ``bucket``."""

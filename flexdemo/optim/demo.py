@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from flexdemo.compression.codec import check_encoding
-from flexdemo.compression.compressor import StartedExchange, TopkCompressor
+from flexdemo.compression.compressor import FLAG_BYTES, HostFlags, StartedExchange, TopkCompressor
 from flexdemo.compression.exchange import (
     NonFiniteError,
     check_replicate_group,
@@ -78,7 +78,13 @@ class DeMo(torch.optim.Optimizer):
             raise ValueError(f"DeMo: nonfinite must be one of {NONFINITE_ACTIONS}, got {nonfinite!r}")
         self.nonfinite = nonfinite
         self.param_names: dict[int, str] = {}  # id(param) -> name, for messages (set by the caller)
-        self.last_step_skipped_by: list[int] = []  # replicas whose non-finite gradient skipped the last step
+        # nonfinite="skip": the last exchange's flags on their way to the host and what this
+        # replica sent then (put back if a replica flagged a non-finite gradient), read before
+        # the momentum is next used (_settle): no host sync in the step itself.
+        self._unsettled: tuple[HostFlags, list | None] | None = None
+        self._last_skipped: list[int] = []
+        self._skip_reports: list[tuple[int, list[int]]] = []  # (step, replicas) of skipped steps
+        self._steps_done = 0
         # The last step's non-finite flag per local gradient (device) and (index, param) of each.
         self._bad_here: tuple[torch.Tensor, list] = (torch.zeros(0, dtype=torch.bool), [])
         self.overlap = overlap
@@ -154,7 +160,8 @@ class DeMo(torch.optim.Optimizer):
         # Otherwise the weight decay rides along with this step's update (decode_sign_update's
         # scale: one pass over the parameters, not two); nothing reads them in between.
         self._waited_seconds = 0.0
-        self.last_step_skipped_by = []
+        self._settle()  # the last step's flags, copied to the host long ago: no wait
+        self._last_skipped = []
         if self._pending is not None:
             self.finish_pending()
         self._create_state()
@@ -181,6 +188,7 @@ class DeMo(torch.optim.Optimizer):
             self._pending_sent = sent
         else:
             self._finish(comp.exchange(payloads, flag), lrs, sent, scales)
+        self._steps_done += 1
         return loss
 
     def _nonfinite_here(self) -> torch.Tensor:
@@ -196,8 +204,20 @@ class DeMo(torch.optim.Optimizer):
 
     def _finish(self, gathered: torch.Tensor, lrs: list[float], sent, scales: list[float] | None = None) -> None:
         """Apply an exchange's update, unless a replica flagged a non-finite gradient; ``scales``:
-        this step's weight decay (one factor per group), when it was left to the update."""
+        this step's weight decay (one factor per group), when it was left to the update.
+
+        "skip" decides on the device: the update's lr is multiplied by (no replica flagged), the
+        weight decay applies either way, and the flags go to the host in the background; if one
+        was set, :meth:`_settle` puts what this replica sent back into its momentum before
+        anything reads the momentum again. "stop" reads the flags at once, to raise before any
+        update."""
         comp = self.compressor
+        if self.nonfinite == "skip":
+            self._settle()
+            keep = (gathered[:, -FLAG_BYTES] == 0).all().to(torch.float32)
+            self._apply(gathered, lrs, scales, keep)
+            self._unsettled = (HostFlags(gathered), sent)
+            return
         bad = [r for r, flag in enumerate(comp.flags(gathered)) if flag]
         if not bad:
             self._apply(gathered, lrs, scales)
@@ -211,20 +231,58 @@ class DeMo(torch.optim.Optimizer):
                 f"DeMo: a non-finite gradient on replica(s) {bad}{here}; stopping before it reaches a parameter "
                 "([flexdemo] nonfinite = \"skip\" skips such steps instead)"
             )
-        for b, (idx, vals) in zip(comp.buckets, sent):  # nobody applies it: what was sent goes back
-            comp.restore(b, idx, vals, [_local(self.state[m.param]["delta"]) for m in b.members])
-        if scales is not None:  # the step's weight decay still applies
-            self._decay_weights(scales)
-        self.last_step_skipped_by = bad
 
-    def _apply(self, gathered: torch.Tensor, lrs: list[float], scales: list[float] | None) -> None:
-        """``p = p * scale - lr * sign(IDCT(mean over selecting replicas))`` from every replica's
-        bytes (``scales`` None: 1)."""
+    def _settle(self, wait: bool = True) -> None:
+        """nonfinite="skip": read the last exchange's flags (``wait=False``: only if already on
+        the host) and, if a replica flagged a non-finite gradient, put what this replica sent
+        back into its momentum (nobody applied it) and record the skipped step."""
+        if self._unsettled is None or not (wait or self._unsettled[0].ready()):
+            return
+        (flags, sent), self._unsettled = self._unsettled, None
+        bad = [r for r, flag in enumerate(flags.values()) if flag]
+        self._last_skipped = bad
+        if not bad:
+            return
+        self._skip_reports.append((self._steps_done, bad))
+        if sent is None:  # pending_state resolves a skipped exchange before checkpointing it
+            raise RuntimeError("DeMo: a skipped exchange carried over a checkpoint has no momentum to restore")
+        comp = self.compressor
+        for b, (idx, vals) in zip(comp.buckets, sent):
+            comp.restore(b, idx, vals, [_local(self.state[m.param]["delta"]) for m in b.members])
+
+    @property
+    def last_step_skipped_by(self) -> list[int]:
+        """Replicas whose non-finite gradient skipped the last step's update (reading it waits
+        for that step's exchange; :meth:`pop_skipped_steps` does not)."""
+        self._settle()
+        return list(self._last_skipped)
+
+    def pop_skipped_steps(self, wait: bool = False) -> list[tuple[int, list[int]]]:
+        """(steps ago: 0 for the last step, replicas) of every step whose update was skipped,
+        since the last call, as far as known without waiting (``wait``: up to the last step)."""
+        self._settle(wait)
+        out = [(self._steps_done - step, bad) for step, bad in self._skip_reports]
+        self._skip_reports = []
+        return out
+
+    def state_dict(self):
+        self._settle()  # the momentum as it is once a skipped step's payload is put back
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self._settle()
+        super().load_state_dict(state_dict)
+
+    def _apply(self, gathered: torch.Tensor, lrs: list[float], scales: list[float] | None,
+               keep: torch.Tensor | None = None) -> None:
+        """``p = p * scale - keep * lr * sign(IDCT(mean over selecting replicas))`` from every
+        replica's bytes (``scales`` None: 1; ``keep`` None: 1)."""
         comp = self.compressor
         for b in comp.buckets:
             idx, vals = comp.unpack(b, gathered)
             scale = scales[b.group_index] if scales is not None else 1.0
-            comp.decode_sign_update(b, idx, vals, [_local(m.param) for m in b.members], lrs[b.group_index], scale)
+            comp.decode_sign_update(b, idx, vals, [_local(m.param) for m in b.members], lrs[b.group_index], scale,
+                                    keep)
 
     @torch.no_grad()
     def finish_pending(self) -> None:
@@ -234,6 +292,7 @@ class DeMo(torch.optim.Optimizer):
             self._waited_seconds = self._pending.waited_seconds
             pending, self._pending = self._pending, None
             self._finish(gathered, self._pending_lrs, self._pending_sent)
+            self._settle()  # this step's encode reads the momentum next (as before: a host sync)
             del pending
 
     def pending_state(self) -> dict[str, torch.Tensor]:

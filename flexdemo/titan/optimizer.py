@@ -96,7 +96,6 @@ class FlexOptimizersContainer(OptimizersContainer):
         self.bytes_received_total = 0
         self.last_bytes_sent = 0
         self.last_bytes_received = 0
-        self.last_exchange_seconds: float | None = None
         self.last_step_seconds = 0.0
         compressors = [getattr(o, "compressor", None) for o in self.optimizers]
         compressors.append(outer.compressor if outer is not None else None)
@@ -142,10 +141,19 @@ class FlexOptimizersContainer(OptimizersContainer):
                                  shared)
 
     def _report_skipped_step(self) -> None:
-        skipped_by = sorted({r for o in self.optimizers for r in getattr(o, "last_step_skipped_by", [])})
-        if skipped_by:
-            logger.warning(f"flexdemo: step {self.step_count}'s update skipped on every replica: a non-finite "
-                           f"gradient on replica(s) {skipped_by}")
+        # DeMo learns of a skipped step without a host sync, so it may tell a step or so late
+        # (at the run's last step it waits); steps are named by when they ran.
+        last = self.last_step is not None and self.step_count == self.last_step
+        skipped: dict[int, set[int]] = {}
+        for o in self.optimizers:
+            if hasattr(o, "pop_skipped_steps"):
+                for ago, replicas in o.pop_skipped_steps(wait=last):
+                    skipped.setdefault(self.step_count - ago, set()).update(replicas)
+            elif getattr(o, "last_step_skipped_by", []):
+                skipped.setdefault(self.step_count, set()).update(o.last_step_skipped_by)
+        for step, replicas in sorted(skipped.items()):
+            logger.warning(f"flexdemo: step {step}'s update skipped on every replica: a non-finite "
+                           f"gradient on replica(s) {sorted(replicas)}")
         if self.outer is not None and self.outer.last_sync_skipped and self.outer.inner_steps == 0:
             logger.warning(f"flexdemo: outer step after step {self.step_count} skipped on every replica: non-finite "
                            "parameters on a replica; every replica restarts from the global copy")
@@ -174,18 +182,25 @@ class FlexOptimizersContainer(OptimizersContainer):
     def _account_exchange(self) -> None:
         if self.modelled_bytes_per_step is not None:
             sent = received = self.modelled_bytes_per_step
-            seconds = None
         elif self.outer is not None:
             sent, received = self.outer.last_traffic.sent, self.outer.last_traffic.received
-            seconds = self.outer.last_exchange_seconds
         else:
             sent = sum(int(getattr(o, "last_step_bytes_sent", 0)) for o in self.optimizers)
             received = sum(int(getattr(o, "last_step_bytes_received", 0)) for o in self.optimizers)
-            seconds = sum(float(getattr(o, "last_step_exchange_seconds", 0.0)) for o in self.optimizers)
         self.last_bytes_sent, self.last_bytes_received = sent, received
-        self.last_exchange_seconds = seconds
         self.bytes_sent_total += sent
         self.bytes_received_total += received
+
+    @property
+    def last_exchange_seconds(self) -> float | None:
+        """The last step's exchange time (None: not measured). On CUDA reading it waits for the
+        exchange's end event, so it is read when asked (the metrics, at log steps), not after
+        every step: that was a host sync per step, the GPU idle until the CPU caught up."""
+        if self.modelled_bytes_per_step is not None:
+            return None
+        if self.outer is not None:
+            return self.outer.last_exchange_seconds
+        return sum(float(getattr(o, "last_step_exchange_seconds", 0.0)) for o in self.optimizers)
 
     def exchange_stats(self) -> dict[str, float]:
         """Replica-dimension traffic of this rank, for the metrics processor. Bytes that were
@@ -199,8 +214,9 @@ class FlexOptimizersContainer(OptimizersContainer):
             f"replica_exchange/bytes_received_total{tag}": self.bytes_received_total,
             "replica_exchange/optimizer_step(s)": self.last_step_seconds,
         }
-        if self.last_exchange_seconds is not None:
-            stats["replica_exchange/exchange(s)"] = self.last_exchange_seconds
+        seconds = self.last_exchange_seconds
+        if seconds is not None:
+            stats["replica_exchange/exchange(s)"] = seconds
         outer_seconds = self.outer.last_sync_seconds if self.outer is not None else None
         if outer_seconds is not None:
             stats["replica_exchange/outer_step(s)"] = outer_seconds  # the last one
