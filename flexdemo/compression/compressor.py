@@ -69,6 +69,7 @@ class StartedExchange:
     def __init__(self, gathered: torch.Tensor, work, group=None, timeout: float | None = None):
         self.gathered, self._work, self.waited_seconds = gathered, work, 0.0
         self._group, self._timeout = group, timeout
+        self.flags: HostFlags | None = None  # the flag bytes' copy to the host, if started early
 
     def result(self) -> torch.Tensor:
         if self._work is not None:
@@ -79,21 +80,41 @@ class StartedExchange:
         return self.gathered
 
 
+_FLAG_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
+
+
+def _flag_stream(device: torch.device) -> "torch.cuda.Stream":
+    if device not in _FLAG_STREAMS:
+        _FLAG_STREAMS[device] = torch.cuda.Stream(device)
+    return _FLAG_STREAMS[device]
+
+
 class HostFlags:
     """Every replica's flag byte on its way to the host: on CUDA a copy into pinned memory after
     the exchange on the stream, so that reading it (:meth:`values`) later waits only for that
     copy, not for the work queued after it (a ``tolist()`` would)."""
 
-    def __init__(self, gathered: torch.Tensor):
+    def __init__(self, gathered: torch.Tensor, work=None):
+        """``work``: the all_gather still in flight (CUDA): the copy then runs on a side stream
+        that waits for the collective only, not for what the compute stream queues meanwhile."""
         column = gathered[:, -FLAG_BYTES]
         self._event = None
-        if column.is_cuda:
-            self._host = torch.empty(column.shape, dtype=column.dtype, pin_memory=True)
-            self._host.copy_(column, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-        else:
+        if not column.is_cuda:
             self._host = column.clone()
+            return
+        self._host = torch.empty(column.shape, dtype=column.dtype, pin_memory=True)
+        self._event = torch.cuda.Event()
+        if work is None:
+            self._host.copy_(column, non_blocking=True)
+            self._event.record()
+            return
+        side = _flag_stream(column.device)
+        side.wait_stream(torch.cuda.current_stream(column.device))  # the payload's own writes
+        with torch.cuda.stream(side):
+            work.wait()  # NCCL: this stream waits for the collective (the host does not)
+            self._host.copy_(column, non_blocking=True)
+            self._event.record(side)
+        gathered.record_stream(side)
 
     def ready(self) -> bool:
         return self._event is None or self._event.query()
@@ -223,7 +244,10 @@ class TopkCompressor:
         (on CUDA, on NCCL's stream). ``StartedExchange.result()`` waits and returns the bytes."""
         mine = self._concat(payloads, flag)
         gathered, self.last_traffic, work = gather_payloads(mine, self.group, async_op=True)
-        return StartedExchange(gathered, work, self.group, self.timeout)
+        started = StartedExchange(gathered, work, self.group, self.timeout)
+        if gathered.is_cuda and work is not None:  # on their way to the host as soon as they land
+            started.flags = HostFlags(gathered, work)
+        return started
 
     @property
     def last_exchange_seconds(self) -> float:

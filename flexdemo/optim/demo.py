@@ -208,7 +208,8 @@ class DeMo(torch.optim.Optimizer):
         self._bad_here = (each, with_grad)
         return bad.reshape(1)
 
-    def _finish(self, gathered: torch.Tensor, lrs: list[float], sent, scales: list[float] | None = None) -> None:
+    def _finish(self, gathered: torch.Tensor, lrs: list[float], sent, scales: list[float] | None = None,
+                flags: HostFlags | None = None) -> None:
         """Apply an exchange's update, unless a replica flagged a non-finite gradient; ``scales``:
         this step's weight decay (one factor per group), when it was left to the update.
 
@@ -222,7 +223,7 @@ class DeMo(torch.optim.Optimizer):
             self._settle()
             keep = (gathered[:, -FLAG_BYTES] == 0).all().to(torch.float32)
             self._apply(gathered, lrs, scales, keep)
-            self._unsettled = (HostFlags(gathered), sent)
+            self._unsettled = (flags if flags is not None else HostFlags(gathered), sent)
             return
         bad = [r for r, flag in enumerate(comp.flags(gathered)) if flag]
         if not bad:
@@ -297,8 +298,10 @@ class DeMo(torch.optim.Optimizer):
             gathered = self._pending.result()
             self._waited_seconds = self._pending.waited_seconds
             pending, self._pending = self._pending, None
-            self._finish(gathered, self._pending_lrs, self._pending_sent)
-            self._settle()  # this step's encode reads the momentum next (as before: a host sync)
+            self._finish(gathered, self._pending_lrs, self._pending_sent, flags=pending.flags)
+            # This step's encode reads the momentum next. On CUDA the flags were copied as soon
+            # as the exchange landed (a side stream), so this waits for that copy only.
+            self._settle()
             del pending
 
     def pending_state(self) -> dict[str, torch.Tensor]:
