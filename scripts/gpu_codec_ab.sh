@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call on a 4-GPU host (2 GPUs do without OUTER and VARIANTS_FILE): the codec kernels as
-# they are against an older copy of the package (OLD_TREE, a folder holding flexdemo/: `mkdir .old_kernels && git archive <commit> flexdemo |
-# tar -x -C .old_kernels`, listed in .git/info/exclude and carried to the device machine), side by
-# side on the same card, then torchtitan throughput with the current kernels:
+# they are against an older copy of the package (OLD_TREE, a folder holding flexdemo/:
+# `mkdir .old_kernels && git archive <commit> flexdemo | tar -x -C .old_kernels`, listed in
+# .git/info/exclude and carried to the device machine), side by side on the same card, then
+# torchtitan throughput with the current kernels:
 #   GPU 0:    scripts/bench_optimizer_step.py, old (if OLD_TREE is set) then new (PROFILE=1: with
 #             --profile), then new with the top-k search started from the top bit instead of
 #             its row-max bracket (FLEXDEMO_TOPK_BRACKET=0): old.json, new.json, new_no_bracket.json;

@@ -48,21 +48,22 @@ def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool
     plan = sparse_plan(k, 64, 64)
     if kernel == "encode":
         fn = encode._encode_kernel
-        sig = {"delta_ptr": "*fp32", "grad_ptr": "*fp32", "skip_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32", "idx_ptr": "*i32",
-               "vals_ptr": "*fp32", "lr": "fp32", "decay": "fp32", "C": "i32", "blocks_per_row": "i32"}
+        sig = {"delta_ptr": "*fp32", "grad_ptr": "*fp32", "skip_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32",
+               "idx_ptr": "*i32", "vals_ptr": "*fp32", "lr": "fp32", "decay": "fp32", "C": "i32",
+               "blocks_per_row": "i32"}
         consts = dict(**blocks, HAS_GRAD=True, VALUES=0, PREC=precision, **plan, BRACKET=bracket, SKIP_FLAG=True)
-        options = {**launch_options("encode", 64, 64, divmod(arch, 10)), "num_warps": warps}
     else:
         fn = decode._mean_decode_kernel
         sig = {"param_ptr": "*fp32", "idx_ptr": "*i32", "vals_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32",
                "lr": "fp32", "C": "i32", "blocks_per_row": "i32", "num_blocks": "i32", "W": "i32"}
         consts = dict(**blocks, KP=plan["KP"], KC=plan["KC"], PREC=precision)
-        options = {**launch_options("decode", 64, 64, divmod(arch, 10)), "num_warps": warps}
     sig.update({name: "constexpr" for name in consts})
     names = list(fn.arg_names)  # constexprs are keyed by their position in the kernel's signature
     assert sorted(names) == sorted(sig), (names, list(sig))
     sig = {name: sig[name] for name in names}
     src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in consts.items()})
+    options = {**launch_options("encode" if kernel == "encode" else "decode", 64, 64, divmod(arch, 10)),
+               "num_warps": warps}
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     return compiled.asm["cubin"]
 

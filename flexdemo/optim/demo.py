@@ -226,19 +226,18 @@ class DeMo(torch.optim.Optimizer):
             self._apply(gathered, lrs, scales, keep)
             self._unsettled = (flags if flags is not None else HostFlags(gathered), sent)
             return
-        bad = [r for r, flag in enumerate(comp.flags(gathered)) if flag]
+        bad = [r for r, flag in enumerate(comp.flags(gathered)) if flag]  # "stop"
         if not bad:
             self._apply(gathered, lrs, scales)
             return
-        if self.nonfinite == "stop":
-            each, with_grad = self._bad_here
-            bad_here = [self.param_names.get(id(p), f"parameter {i}")  # a host copy, on this path only
-                        for (i, p), b in zip(with_grad, each.tolist()) if b]
-            here = f"; here in {', '.join(bad_here)}" if bad_here else ""
-            raise NonFiniteGradientError(
-                f"DeMo: a non-finite gradient on replica(s) {bad}{here}; stopping before it reaches a parameter "
-                "([flexdemo] nonfinite = \"skip\" skips such steps instead)"
-            )
+        each, with_grad = self._bad_here
+        bad_here = [self.param_names.get(id(p), f"parameter {i}")  # a host copy, on this path only
+                    for (i, p), b in zip(with_grad, each.tolist()) if b]
+        here = f"; here in {', '.join(bad_here)}" if bad_here else ""
+        raise NonFiniteGradientError(
+            f"DeMo: a non-finite gradient on replica(s) {bad}{here}; stopping before it reaches a parameter "
+            "([flexdemo] nonfinite = \"skip\" skips such steps instead)"
+        )
 
     def _settle(self, wait: bool = True) -> None:
         """nonfinite="skip": read the last exchange's flags (``wait=False``: only if already on
