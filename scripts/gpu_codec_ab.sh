@@ -15,7 +15,8 @@
 #             (if OLD_TREE is set) then new;
 #   GPUs 0,1: then torchtitan 1B, 2 replicas x 1 shard, STEPS steps: AdamW-DDP, then the FlexDeMo
 #             runs named in TITAN_RUNS (default "flexdemo flexdemo_overlap"; a name ending in
-#             _no_bracket runs with FLEXDEMO_TOPK_BRACKET=0) and a summary table;
+#             _no_bracket runs with FLEXDEMO_TOPK_BRACKET=0) and a summary table (TITAN_RUNS=none:
+#             no torchtitan runs);
 #   GPUs 2,3: from the start, OUTER=1: the outer step alone at top-k 32 and 256 (bench_diloco.py),
 #             old then new; and/or recipe variants (VARIANTS_FILE, VARIANTS_ONLY, FLAVOR_VARIANTS,
 #             STEPS_VARIANTS, VAL_FREQ_VARIANTS, VARIANT_TIMEOUT as in gpu_link_and_recipe.sh).
@@ -80,20 +81,22 @@ for reg in ${MAXNREG:-}; do  # e.g. MAXNREG="168 128": the encode under a regist
 done
 wait $CHECK_PID  # the fused check on GPU 1
 
-export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0,1
-COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$STEPS"
-        --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq "$STEPS"
-        --validation.seq_len 2048 --validation.local_batch_size 4)
-RUN_TIMEOUT=${RUN_TIMEOUT:-200} RUN_GREP="Error|error"
-titan_run ddp_adamw gpu_2gpu_ddp_adamw
-logs=("$OUT_DIR/ddp_adamw.log")
-for name in ${TITAN_RUNS:-flexdemo flexdemo_overlap}; do
-  flags=(--optimizer.lr 3e-4); [[ $name == *overlap* ]] && flags+=(--flexdemo.overlap)
-  bracket=1; [[ $name == *_no_bracket ]] && bracket=0
-  FLEXDEMO_TOPK_BRACKET=$bracket titan_run "$name" gpu_2gpu_flexdemo "${flags[@]}"
-  logs+=("$OUT_DIR/$name.log")
-done
-python3 scripts/summarize_titan_logs.py "${logs[@]}" | tee "$OUT_DIR/summary.md"
+if [[ "${TITAN_RUNS:-}" != none ]]; then
+  export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0,1
+  COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$STEPS"
+          --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq "$STEPS"
+          --validation.seq_len 2048 --validation.local_batch_size 4)
+  RUN_TIMEOUT=${RUN_TIMEOUT:-200} RUN_GREP="Error|error"
+  titan_run ddp_adamw gpu_2gpu_ddp_adamw
+  logs=("$OUT_DIR/ddp_adamw.log")
+  for name in ${TITAN_RUNS:-flexdemo flexdemo_overlap}; do
+    flags=(--optimizer.lr 3e-4); [[ $name == *overlap* ]] && flags+=(--flexdemo.overlap)
+    bracket=1; [[ $name == *_no_bracket ]] && bracket=0
+    FLEXDEMO_TOPK_BRACKET=$bracket titan_run "$name" gpu_2gpu_flexdemo "${flags[@]}"
+    logs+=("$OUT_DIR/$name.log")
+  done
+  python3 scripts/summarize_titan_logs.py "${logs[@]}" | tee "$OUT_DIR/summary.md"
+fi
 wait
 cat "$OUT_DIR/fused_check.out" "$OUT_DIR/gpus23.out"
 tar czf "$OUT/codec_ab.tgz" --exclude dumps -C /tmp codec_ab

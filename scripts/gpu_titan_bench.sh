@@ -1,25 +1,36 @@
 #!/usr/bin/env bash
-# One device call: the 2x2 FlexDeMo config against its AdamW-HSDP baseline on 4 GPUs
-# (same steps, data and seed), logs and a summary into $OUT (or ./outputs/titan_bench).
-#   STEPS=150 bash scripts/gpu_titan_bench.sh
+# One device call: torchtitan llama3 1B, the AdamW baseline then FlexDeMo (overlap off, then on),
+# same steps, data and seed: on 4 GPUs the 2x2 configs (2 replicas x 2 FSDP shards, baseline
+# AdamW-HSDP), on 2 GPUs the 2x1 ones (baseline AdamW-DDP). seq 2048, local batch 4, warm-up 10,
+# logged every 5 steps, held-out loss at the last step. Logs and a summary into
+# /tmp/titan_bench, tarred into $OUT/titan_bench.tgz. RUNS picks and orders the runs.
+#   STEPS=100 bash scripts/gpu_titan_bench.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR="${OUT:-outputs/titan_bench}"; mkdir -p "$OUT_DIR"
+OUT_DIR=/tmp/titan_bench; mkdir -p "$OUT_DIR" "${OUT:=outputs}"
 source scripts/gpu_env.sh
-STEPS=${STEPS:-150}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT_DIR/gpus.txt"
-NGPU=$(nvidia-smi -L | wc -l)
-if [[ "$NGPU" -ge 4 ]]; then
-  PAIR=(gpu_4gpu_2x2_flexdemo gpu_4gpu_2x2_hsdp_adamw); export NPROC=4
+STEPS=${STEPS:-100}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpus.txt"
+if (( $(nvidia-smi -L | wc -l) >= 4 )); then
+  export CUDA_VISIBLE_DEVICES=0,1,2,3 NPROC=4 LOG_RANK=0,1,2,3
+  base=gpu_4gpu_2x2_hsdp_adamw flex=gpu_4gpu_2x2_flexdemo
 else
-  PAIR=(gpu_2gpu_flexdemo gpu_2gpu_ddp_adamw); export NPROC=2
+  export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0,1
+  base=gpu_2gpu_ddp_adamw flex=gpu_2gpu_flexdemo
 fi
-export LOG_RANK=0,1,2,3
-for cfg in "${PAIR[@]}"; do
-  echo "=== $cfg ($STEPS steps)"
-  timeout 280 bash scripts/launch.sh "train_configs/$cfg.toml" --training.steps "$STEPS" \
-    --metrics.log_freq 10 --job.dump_folder "/tmp/runs/$cfg" > "$OUT_DIR/$cfg.log" 2>&1
-  echo "exit $?"
-  grep -E "step: *$STEPS |flexdemo step: *$STEPS |Error|error" "$OUT_DIR/$cfg.log" | grep -v Warning | head -12
+COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$STEPS"
+        --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq "$STEPS"
+        --validation.seq_len 2048 --validation.local_batch_size 4)
+RUN_TIMEOUT=${RUN_TIMEOUT:-200} RUN_GREP="Error|error"
+logs=()
+for name in ${RUNS:-adamw flexdemo flexdemo_overlap}; do
+  case $name in
+    adamw) titan_run adamw $base ;;
+    flexdemo) titan_run flexdemo $flex --optimizer.lr 3e-4 ;;
+    flexdemo_overlap) titan_run flexdemo_overlap $flex --optimizer.lr 3e-4 --flexdemo.overlap ;;
+    *) echo "unknown run $name" >&2; exit 2 ;;
+  esac
+  logs+=("$OUT_DIR/$name.log")
 done
-python3 scripts/summarize_titan_logs.py "$OUT_DIR"/*.log | tee "$OUT_DIR/summary.md"
+python3 scripts/summarize_titan_logs.py "${logs[@]}" | tee "$OUT_DIR/summary.md"
+tar czf "$OUT/titan_bench.tgz" -C /tmp titan_bench

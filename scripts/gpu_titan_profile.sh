@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call on 2 GPUs: torchtitan 1B, 2 replicas x 1 shard (seq 2048, local batch 4), STEPS
-# steps of each run in RUNS (ddp_adamw, flexdemo, flexdemo_overlap) with torch.profiler on for
+# steps of each run in RUNS (ddp_adamw, flexdemo, flexdemo_overlap; LAYOUT=2x2: on 4 GPUs, 2 replicas
+# x 2 FSDP shards, the baseline AdamW-HSDP, traces of ranks 0 and 2) with torch.profiler on for
 # steps PROFILE_AT-1 and PROFILE_AT (torchtitan's [profiling]), then scripts/titan_trace_summary.py
 # on rank 0's trace: where a step's GPU time goes and where the GPU idles (PROFILE=0: no profiler,
 # for tokens/s; the summary table either way). Into $OUT/titan_profile.tgz.
@@ -11,7 +12,13 @@ OUT_DIR=/tmp/titan_profile; mkdir -p "$OUT_DIR" "${OUT:=outputs}"
 source scripts/gpu_env.sh
 STEPS=${STEPS:-30}; AT=${PROFILE_AT:-25}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT_DIR/gpus.txt"
-export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0
+if [[ "${LAYOUT:-2x1}" == 2x2 ]]; then
+  export CUDA_VISIBLE_DEVICES=0,1,2,3 NPROC=4 LOG_RANK=0
+  base=gpu_4gpu_2x2_hsdp_adamw flex=gpu_4gpu_2x2_flexdemo ranks="0 2"
+else
+  export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0
+  base=gpu_2gpu_ddp_adamw flex=gpu_2gpu_flexdemo ranks=0
+fi
 COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$STEPS"
         --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq 100000)
 [[ "${PROFILE:-1}" != 0 ]] && COMMON+=(--profiling.enable_profiling --profiling.profile_freq "$AT"
@@ -19,14 +26,17 @@ COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 
 RUN_TIMEOUT=${RUN_TIMEOUT:-200}
 for name in ${RUNS:-ddp_adamw flexdemo flexdemo_overlap}; do
   case $name in
-    ddp_adamw) titan_run ddp_adamw gpu_2gpu_ddp_adamw ;;
-    flexdemo) titan_run flexdemo gpu_2gpu_flexdemo --optimizer.lr 3e-4 ;;
-    flexdemo_overlap) titan_run flexdemo_overlap gpu_2gpu_flexdemo --optimizer.lr 3e-4 --flexdemo.overlap ;;
+    ddp_adamw) titan_run ddp_adamw $base ;;
+    flexdemo) titan_run flexdemo $flex --optimizer.lr 3e-4 ;;
+    flexdemo_overlap) titan_run flexdemo_overlap $flex --optimizer.lr 3e-4 --flexdemo.overlap ;;
   esac
-  trace=$(ls /tmp/runs/$name/profile_traces/iteration_*/rank0_trace.json 2>/dev/null | tail -1)
-  [[ -n "$trace" ]] && python3 scripts/titan_trace_summary.py "$trace" > "$OUT_DIR/trace_$name.md" 2>&1
-  [[ -n "$trace" ]] && gzip -c "$trace" > "$OUT_DIR/trace_$name.json.gz"
-  head -12 "$OUT_DIR/trace_$name.md"
+  for rank in $ranks; do
+    trace=$(ls /tmp/runs/$name/profile_traces/iteration_*/rank${rank}_trace.json 2>/dev/null | tail -1)
+    [[ -z "$trace" ]] && continue
+    python3 scripts/titan_trace_summary.py "$trace" > "$OUT_DIR/trace_${name}_rank$rank.md" 2>&1
+    gzip -c "$trace" > "$OUT_DIR/trace_${name}_rank$rank.json.gz"
+    head -12 "$OUT_DIR/trace_${name}_rank$rank.md"
+  done
 done
 python3 scripts/summarize_titan_logs.py "$OUT_DIR"/*.log | tee "$OUT_DIR/summary.md"
 tar czf "$OUT/titan_profile.tgz" -C /tmp titan_profile

@@ -4,7 +4,9 @@ for a few search designs, on momentum-like DCT coefficients (CPU, no GPU needed)
 The encode kernel is latency-bound on these sums (docs/benchmarks.md section 5), so rounds per
 block is the number to cut. Designs: b bits decided per round (2**b - 1 candidate counts per
 sum), starting from bit 30, or from the common bit prefix of a bracket [lower, max] where
-lower = the smallest row maximum (a valid lower bound of the k-th largest when k <= rows).
+lower = the smallest row maximum (a valid lower bound of the k-th largest when k <= rows); and
+the kernels' interval search (common._interval_search): the quartiles of [lower, max + 1) per
+round, keeping the quarter that holds the k-th largest.
 
     python3 scripts/topk_search_rounds.py --k 32
 """
@@ -52,6 +54,31 @@ def search_rounds(bits: torch.Tensor, k: int, step_bits: int, thr: torch.Tensor,
     return rounds
 
 
+def interval_rounds(bits: torch.Tensor, k: int, lower: torch.Tensor, upper: torch.Tensor) -> torch.Tensor:
+    """Rounds per block of the interval search: count the three quartiles of [lo, hi) (lo: at
+    least k values at or above it; hi: fewer), keep the quarter holding the k-th largest, stop
+    once a candidate has exactly k values at or above it or hi == lo + 1."""
+    lo, hi = lower.long().clone(), upper.long() + 1
+    cnt = torch.full_like(lo, -1)
+    rounds = torch.zeros_like(lo)
+    wide = bits.long()
+    while True:
+        active = (hi - lo > 1) & (cnt != k)
+        if not active.any():
+            return rounds
+        rounds += active.long()
+        q = ((hi - lo) >> 2).clamp(min=1)
+        cands = [lo + q, torch.minimum(lo + 2 * q, hi - 1), torch.minimum(lo + 3 * q, hi - 1)]
+        counts = [(wide >= c[:, None]).sum(1) for c in cands]
+        new_lo, new_cnt, new_hi = lo.clone(), cnt.clone(), hi.clone()
+        for c, n in zip(cands, counts):
+            take = active & (n >= k)
+            new_lo, new_cnt = torch.where(take, c, new_lo), torch.where(take, n, new_cnt)
+        for c, n in reversed(list(zip(cands, counts))):
+            new_hi = torch.where(active & (n < k), c, new_hi)
+        lo, cnt, hi = new_lo, new_cnt, new_hi
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--k", type=int, default=32)
@@ -80,6 +107,9 @@ def main():
                 total += int(search_rounds(bits[m], args.k, b, prefix, s).sum())
             print(f"{b} bits per round from the bracket: {total / bits.shape[0]:.2f} rounds "
                   "(+ the bracket's row-max and min/max sums)")
+        rounds = interval_rounds(bits, args.k, lower, upper).float()
+        print(f"interval search (the kernels'): {rounds.mean():.2f} rounds (max {int(rounds.max())}; "
+              "+ the same bracket sums)")
 
 
 if __name__ == "__main__":

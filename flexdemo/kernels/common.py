@@ -67,11 +67,12 @@ def sparse_plan(k: int, p1: int, p2: int) -> dict:
 
 
 def search_bracket(k: int, n1: int) -> bool:
-    """Whether the encode's top-k search starts from the [smallest row max, block max] bracket
-    (common.topk_threshold; valid for k <= n1 rows): ~3 fewer search rounds per block on
-    momentum-like data (scripts/topk_search_rounds.py), DeMo.step 36.1 -> 34.0 ms on an H200
-    (docs/benchmarks.md section 5). The selection is the same either way (tested);
-    FLEXDEMO_TOPK_BRACKET=0 starts from the top bit instead, for A/B timing."""
+    """Whether the encode's top-k search narrows the bracket [smallest row max, block max]
+    (common.topk_threshold's interval search; valid for k <= n1 rows) rather than building the
+    threshold from the top bit: ~3.8 instead of ~7.4 rounds per block on momentum-like data
+    (scripts/topk_search_rounds.py; docs/benchmarks.md section 5 has the timings). The selection
+    is the same either way (tested); FLEXDEMO_TOPK_BRACKET=0 searches from the top bit, for A/B
+    timing."""
     return os.environ.get("FLEXDEMO_TOPK_BRACKET", "1") != "0" and k <= n1
 
 
@@ -195,29 +196,24 @@ if HAVE_TRITON:
 
     @triton.jit
     def topk_threshold(bits, K: tl.constexpr, TOTAL, BRACKET: tl.constexpr):
-        # The k-th largest of a tile of non-negative int32 (padding -1, TOTAL values >= 0),
-        # built from the top bit down: thr, the largest pattern seen so far with
-        # cnt = count(bits >= thr) >= K. Two bits per round (three candidates counted at once),
-        # stopping early once cnt == K: then bits >= thr are exactly the top K (usually after
-        # ~7 of the 16 rounds). Otherwise thr ends as the k-th largest value itself (ties).
+        # The k-th largest of a tile of non-negative int32 (padding -1, TOTAL values >= 0), or
+        # any threshold with exactly K values at or above it: thr and cnt = count(bits >= thr),
+        # cnt == K (then bits >= thr are exactly the top K) or thr the k-th largest value itself
+        # (ties at it). The search is latency-bound on its block-wide sums, so both designs
+        # count three candidates per sum (_count_ge) and stop as soon as one has exactly K.
+        if BRACKET:
+            thr, cnt = _interval_search(bits, K)
+        else:
+            thr, cnt = _top_bit_search(bits, K, TOTAL)
+        return thr, cnt
+
+    @triton.jit
+    def _top_bit_search(bits, K: tl.constexpr, TOTAL):
+        # Built from the top bit down: thr, the largest pattern seen so far with
+        # cnt = count(bits >= thr) >= K, two bits per round (usually ~7 of the 16 rounds).
         thr = tl.full([], 0, tl.int32)
         cnt = tl.full([], 0, tl.int32) + TOTAL
         lo = tl.full([], 29, tl.int32)  # rounds decide bits (lo + 1, lo): (30, 29), ..., (2, 1)
-        if BRACKET:
-            # Caller-checked K <= valid rows: every row's maximum >= the smallest of them, so the
-            # k-th largest lies in [smallest row max, block max] and shares their common bit
-            # prefix; the search starts below it (~3 rounds fewer, for two reductions here).
-            row_max = tl.max(bits, axis=1)
-            lower = tl.min(tl.where(row_max >= 0, row_max, 0x7FFFFFFF), axis=0)
-            upper = tl.max(row_max, axis=0)
-            # The highest differing bit, from the float exponent, raised to an even bit so that
-            # the rounds end at (2, 1) as from bit 30 (starting higher is still a common prefix).
-            diff = lower ^ upper
-            hi = tl.where(diff > 0, (diff.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127, -1)
-            hi = hi + (hi & 1)
-            thr = (lower >> (hi + 1)) << (hi + 1)
-            cnt = tl.full([], -1, tl.int32)  # unknown until a round counts
-            lo = hi - 1
         while (lo >= 1) & (cnt != K):
             c1, c2, c3 = thr | (1 << lo), thr | (2 << lo), thr | (3 << lo)
             n1, n2, n3 = _count_ge(bits, c1, c2, c3)
@@ -229,9 +225,36 @@ if HAVE_TRITON:
             n0 = tl.sum(tl.sum((bits >= (thr | 1)).to(tl.int32), axis=1), axis=0)
             thr = tl.where(n0 >= K, thr | 1, thr)
             cnt = tl.where(n0 >= K, n0, cnt)
-        if BRACKET:
-            if cnt < 0:  # no round took a candidate: thr is the k-th largest; count it once
-                cnt = tl.sum(tl.sum((bits >= thr).to(tl.int32), axis=1), axis=0)
+        return thr, cnt
+
+    @triton.jit
+    def _interval_search(bits, K: tl.constexpr):
+        # Caller-checked K <= valid rows: every row's maximum is >= the smallest of them, so at
+        # least K values are >= lo = that smallest row maximum, and none >= hi = block max + 1.
+        # Each round counts the three quartiles of [lo, hi) (bit patterns order like the
+        # floats) and keeps the quarter holding the k-th largest: on momentum-like blocks ~3.8
+        # rounds where the earlier search from the common bit prefix of lo and hi took ~4.6
+        # (that prefix is often the exponent alone; scripts/topk_search_rounds.py). int64 bounds:
+        # hi may be 2**31.
+        row_max = tl.max(bits, axis=1)
+        lo = tl.min(tl.where(row_max >= 0, row_max, 0x7FFFFFFF), axis=0).to(tl.int64)
+        hi = tl.max(row_max, axis=0).to(tl.int64) + 1
+        cnt = tl.full([], -1, tl.int32)  # count(bits >= lo), unknown until a round counts it
+        while (hi - lo > 1) & (cnt != K):
+            q = tl.maximum((hi - lo) >> 2, 1)
+            c1 = lo + q
+            c2 = tl.minimum(lo + 2 * q, hi - 1)
+            c3 = tl.minimum(lo + 3 * q, hi - 1)
+            n1, n2, n3 = _count_ge(bits, c1.to(tl.int32), c2.to(tl.int32), c3.to(tl.int32))
+            lo, cnt = tl.where(n1 >= K, c1, lo), tl.where(n1 >= K, n1.to(tl.int32), cnt)
+            lo, cnt = tl.where(n2 >= K, c2, lo), tl.where(n2 >= K, n2.to(tl.int32), cnt)
+            lo, cnt = tl.where(n3 >= K, c3, lo), tl.where(n3 >= K, n3.to(tl.int32), cnt)
+            hi = tl.where(n3 < K, c3, hi)
+            hi = tl.where(n2 < K, c2, hi)
+            hi = tl.where(n1 < K, c1, hi)
+        thr = lo.to(tl.int32)  # cnt == K, or hi == lo + 1: lo is the k-th largest value
+        if cnt < 0:  # no round counted lo
+            cnt = tl.sum(tl.sum((bits >= thr).to(tl.int32), axis=1), axis=0)
         return thr, cnt
 
     @triton.jit
