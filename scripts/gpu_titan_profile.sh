@@ -4,11 +4,13 @@
 # x 2 FSDP shards, the baseline AdamW-HSDP, traces of ranks 0 and 2) with torch.profiler on for
 # steps PROFILE_AT-1 and PROFILE_AT (torchtitan's [profiling]), then scripts/titan_trace_summary.py
 # on rank 0's trace: where a step's GPU time goes and where the GPU idles (PROFILE=0: no profiler,
-# for tokens/s; the summary table either way). Into $OUT/titan_profile.tgz.
+# for tokens/s; the summary table either way). SYNC_DEBUG=1: each run also counts the host<->GPU
+# syncs of every rank by Python stack (scripts/cuda_sync_debug/, sync_<run>/rank<R>.txt).
+# Into $OUT/<basename of OUT_DIR, default titan_profile>.tgz.
 #   STEPS=30 bash scripts/gpu_titan_profile.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR=/tmp/titan_profile; mkdir -p "$OUT_DIR" "${OUT:=outputs}"
+OUT_DIR=${OUT_DIR:-/tmp/titan_profile}; mkdir -p "$OUT_DIR" "${OUT:=outputs}"
 source scripts/gpu_env.sh
 STEPS=${STEPS:-30}; AT=${PROFILE_AT:-25}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT_DIR/gpus.txt"
@@ -24,7 +26,9 @@ COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 
 [[ "${PROFILE:-1}" != 0 ]] && COMMON+=(--profiling.enable_profiling --profiling.profile_freq "$AT"
                                        --profiling.profiler_warmup 3 --profiling.profiler_active 2)
 RUN_TIMEOUT=${RUN_TIMEOUT:-200}
+[[ "${SYNC_DEBUG:-0}" == 1 ]] && export PYTHONPATH="$PWD/scripts/cuda_sync_debug:$PYTHONPATH"
 for name in ${RUNS:-ddp_adamw flexdemo flexdemo_overlap}; do
+  export CUDA_SYNC_DEBUG_DIR="$OUT_DIR/sync_$name"
   case $name in
     ddp_adamw) titan_run ddp_adamw $base ;;
     flexdemo) titan_run flexdemo $flex --optimizer.lr 3e-4 ;;
@@ -39,4 +43,4 @@ for name in ${RUNS:-ddp_adamw flexdemo flexdemo_overlap}; do
   done
 done
 python3 scripts/summarize_titan_logs.py "$OUT_DIR"/*.log | tee "$OUT_DIR/summary.md"
-tar czf "$OUT/titan_profile.tgz" -C /tmp titan_profile
+tar czf "$OUT/$(basename "$OUT_DIR").tgz" -C "$(dirname "$OUT_DIR")" "$(basename "$OUT_DIR")"
