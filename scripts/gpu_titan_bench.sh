@@ -3,7 +3,8 @@
 # same steps, data and seed: on 4 GPUs the 2x2 configs (2 replicas x 2 FSDP shards, baseline
 # AdamW-HSDP), on 2 GPUs the 2x1 ones (baseline AdamW-DDP). seq 2048, local batch 4, warm-up 10,
 # logged every 5 steps, held-out loss at the last step. Logs and a summary into
-# /tmp/titan_bench, tarred into $OUT/titan_bench.tgz. RUNS picks and orders the runs.
+# /tmp/titan_bench, tarred into $OUT/titan_bench.tgz. RUNS picks and orders the runs (a suffix _N
+# repeats one: RUNS="flexdemo adamw flexdemo_2").
 #   STEPS=100 bash scripts/gpu_titan_bench.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,10 +25,10 @@ COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 
 RUN_TIMEOUT=${RUN_TIMEOUT:-200} RUN_GREP="Error|error"
 logs=()
 for name in ${RUNS:-adamw flexdemo flexdemo_overlap}; do
-  case $name in
-    adamw) titan_run adamw $base ;;
-    flexdemo) titan_run flexdemo $flex --optimizer.lr 3e-4 ;;
-    flexdemo_overlap) titan_run flexdemo_overlap $flex --optimizer.lr 3e-4 --flexdemo.overlap ;;
+  case ${name%_[0-9]} in
+    adamw) titan_run "$name" $base ;;
+    flexdemo) titan_run "$name" $flex --optimizer.lr 3e-4 ;;
+    flexdemo_overlap) titan_run "$name" $flex --optimizer.lr 3e-4 --flexdemo.overlap ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac
   logs+=("$OUT_DIR/$name.log")
