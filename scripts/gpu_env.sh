@@ -13,6 +13,16 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH"
 export FD_GPU_ENV_READY=1
 
+# titan_1b_flags STEPS [VAL_FREQ]: into COMMON, the torchtitan flags the 1B throughput scripts share:
+# llama3 1B, seq 2048, local batch 4, STEPS steps, warm-up 10, logged every 5 steps, the held-out
+# loss (same seq and batch) every VAL_FREQ steps (default: at the last step).
+titan_1b_flags() {
+  local steps=$1 val=${2:-$1}
+  COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$steps"
+          --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq "$val"
+          --validation.seq_len 2048 --validation.local_batch_size 4)
+}
+
 # titan_run NAME CONFIG FLAGS...: one torchtitan run for the GPU bench scripts, with their
 # COMMON flags, console into $OUT_DIR/NAME.log, capped at RUN_TIMEOUT s; prints the exit code
 # and the log's last lines matching the final step or RUN_GREP.

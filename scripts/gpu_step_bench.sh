@@ -20,9 +20,7 @@ CUDA_VISIBLE_DEVICES=0 timeout 240 python3 scripts/bench_optimizer_step.py --jso
 echo "exit $?"; tail -n 40 "$OUT_DIR/optimizer_step.log"
 
 export NPROC=2 LOG_RANK=0,1
-COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$STEPS"
-        --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq "$STEPS"
-        --validation.seq_len 2048 --validation.local_batch_size 4)
+titan_1b_flags "$STEPS"
 RUN_TIMEOUT=200 RUN_GREP="validate|Triton|Error|error"
 titan_run ddp_adamw gpu_2gpu_ddp_adamw
 titan_run flexdemo gpu_2gpu_flexdemo --optimizer.lr 3e-4

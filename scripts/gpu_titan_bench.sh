@@ -19,9 +19,7 @@ else
   export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0,1
   base=gpu_2gpu_ddp_adamw flex=gpu_2gpu_flexdemo
 fi
-COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$STEPS"
-        --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq "$STEPS"
-        --validation.seq_len 2048 --validation.local_batch_size 4)
+titan_1b_flags "$STEPS"
 RUN_TIMEOUT=${RUN_TIMEOUT:-200} RUN_GREP="Error|error"
 logs=()
 for name in ${RUNS:-adamw flexdemo flexdemo_overlap}; do

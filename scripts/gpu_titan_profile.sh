@@ -21,8 +21,7 @@ else
   export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0
   base=gpu_2gpu_ddp_adamw flex=gpu_2gpu_flexdemo ranks=0
 fi
-COMMON=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4 --training.steps "$STEPS"
-        --lr_scheduler.warmup_steps 10 --metrics.log_freq 5 --validation.freq 100000)
+titan_1b_flags "$STEPS" 100000  # no held-out loss within the run
 [[ "${PROFILE:-1}" != 0 ]] && COMMON+=(--profiling.enable_profiling --profiling.profile_freq "$AT"
                                        --profiling.profiler_warmup 3 --profiling.profiler_active 2)
 RUN_TIMEOUT=${RUN_TIMEOUT:-200}
