@@ -23,6 +23,29 @@ titan_1b_flags() {
           --validation.seq_len 2048 --validation.local_batch_size 4)
 }
 
+# titan_layout 2x2|2x1: the GPUs and configs ($base, $flex) of the 1B comparisons: 4 GPUs as 2
+# replicas x 2 FSDP shards (baseline AdamW-HSDP), or 2 GPUs as 2 replicas x 1 shard (AdamW-DDP).
+titan_layout() {
+  if [[ $1 == 2x2 ]]; then
+    export CUDA_VISIBLE_DEVICES=0,1,2,3 NPROC=4; base=gpu_4gpu_2x2_hsdp_adamw flex=gpu_4gpu_2x2_flexdemo
+  else
+    export CUDA_VISIBLE_DEVICES=0,1 NPROC=2; base=gpu_2gpu_ddp_adamw flex=gpu_2gpu_flexdemo
+  fi
+}
+
+# titan_method NAME: titan_run of one method of those comparisons, by name (a suffix _N repeats
+# one): adamw or ddp_adamw (the baseline), flexdemo (lr 3e-4), flexdemo_overlap; else returns 2.
+titan_method() {
+  local name=$1
+  case ${name%_[0-9]} in
+    adamw|ddp_adamw) titan_run "$name" "$base" ;;
+    flexdemo) titan_run "$name" "$flex" --optimizer.lr 3e-4 ;;
+    flexdemo_overlap) titan_run "$name" "$flex" --optimizer.lr 3e-4 --flexdemo.overlap ;;
+    *) echo "unknown run $name" >&2; return 2 ;;
+  esac
+  return 0  # a failed run is in its log; titan_run's own status is its grep's
+}
+
 # titan_run NAME CONFIG FLAGS...: one torchtitan run for the GPU bench scripts, with their
 # COMMON flags, console into $OUT_DIR/NAME.log, capped at RUN_TIMEOUT s; prints the exit code
 # and the log's last lines matching the final step or RUN_GREP.

@@ -13,22 +13,15 @@ source scripts/gpu_env.sh
 STEPS=${STEPS:-100}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpus.txt"
 if (( $(nvidia-smi -L | wc -l) >= 4 )); then
-  export CUDA_VISIBLE_DEVICES=0,1,2,3 NPROC=4 LOG_RANK=0,1,2,3
-  base=gpu_4gpu_2x2_hsdp_adamw flex=gpu_4gpu_2x2_flexdemo
+  titan_layout 2x2; export LOG_RANK=0,1,2,3
 else
-  export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0,1
-  base=gpu_2gpu_ddp_adamw flex=gpu_2gpu_flexdemo
+  titan_layout 2x1; export LOG_RANK=0,1
 fi
 titan_1b_flags "$STEPS"
 RUN_TIMEOUT=${RUN_TIMEOUT:-200} RUN_GREP="Error|error"
 logs=()
 for name in ${RUNS:-adamw flexdemo flexdemo_overlap}; do
-  case ${name%_[0-9]} in
-    adamw) titan_run "$name" $base ;;
-    flexdemo) titan_run "$name" $flex --optimizer.lr 3e-4 ;;
-    flexdemo_overlap) titan_run "$name" $flex --optimizer.lr 3e-4 --flexdemo.overlap ;;
-    *) echo "unknown run $name" >&2; exit 2 ;;
-  esac
+  titan_method "$name" || exit 2
   logs+=("$OUT_DIR/$name.log")
 done
 python3 scripts/summarize_titan_logs.py "${logs[@]}" | tee "$OUT_DIR/summary.md"

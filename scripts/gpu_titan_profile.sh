@@ -14,13 +14,8 @@ OUT_DIR=${OUT_DIR:-/tmp/titan_profile}; mkdir -p "$OUT_DIR" "${OUT:=outputs}"
 source scripts/gpu_env.sh
 STEPS=${STEPS:-30}; AT=${PROFILE_AT:-25}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT_DIR/gpus.txt"
-if [[ "${LAYOUT:-2x1}" == 2x2 ]]; then
-  export CUDA_VISIBLE_DEVICES=0,1,2,3 NPROC=4 LOG_RANK=0
-  base=gpu_4gpu_2x2_hsdp_adamw flex=gpu_4gpu_2x2_flexdemo ranks="0 2"
-else
-  export CUDA_VISIBLE_DEVICES=0,1 NPROC=2 LOG_RANK=0
-  base=gpu_2gpu_ddp_adamw flex=gpu_2gpu_flexdemo ranks=0
-fi
+titan_layout "${LAYOUT:-2x1}"; export LOG_RANK=0
+ranks=0; [[ "${LAYOUT:-2x1}" == 2x2 ]] && ranks="0 2"  # rank 2: the other replica
 titan_1b_flags "$STEPS" 100000  # no held-out loss within the run
 [[ "${PROFILE:-1}" != 0 ]] && COMMON+=(--profiling.enable_profiling --profiling.profile_freq "$AT"
                                        --profiling.profiler_warmup 3 --profiling.profiler_active 2)
@@ -28,11 +23,7 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-200}
 [[ "${SYNC_DEBUG:-0}" == 1 ]] && export PYTHONPATH="$PWD/scripts/cuda_sync_debug:$PYTHONPATH"
 for name in ${RUNS:-ddp_adamw flexdemo flexdemo_overlap}; do
   export CUDA_SYNC_DEBUG_DIR="$OUT_DIR/sync_$name"
-  case $name in
-    ddp_adamw) titan_run ddp_adamw $base ;;
-    flexdemo) titan_run flexdemo $flex --optimizer.lr 3e-4 ;;
-    flexdemo_overlap) titan_run flexdemo_overlap $flex --optimizer.lr 3e-4 --flexdemo.overlap ;;
-  esac
+  titan_method "$name"
   for rank in $ranks; do
     trace=$(ls /tmp/runs/$name/profile_traces/iteration_*/rank${rank}_trace.json 2>/dev/null | tail -1)
     [[ -z "$trace" ]] && continue
