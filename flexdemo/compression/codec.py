@@ -28,6 +28,9 @@ from flexdemo.compression.dct import BlockLayout, blocks_dct, blocks_idct
 ValueEncoding = Literal["fp32", "bf16", "sign", "scaled_sign"]
 VALUE_ENCODINGS: tuple[str, ...] = get_args(ValueEncoding)
 SCALE_NBYTES = 4  # one fp32 scale per block (scaled_sign)
+# The payload format's version: part of the replicas' start-up agreement, so ranks that would
+# read each other's bytes differently refuse to start. Bump it with any change to the bytes.
+WIRE_FORMAT_VERSION = 2
 
 
 def check_encoding(encoding: str) -> None:
