@@ -1,9 +1,10 @@
 """A deliberately plain DeMo, written independently of flexdemo for the tests to compare.
 
 Per parameter, unpacked: DCT bases from an FFT (not the cosine formula flexdemo uses),
-einsum transforms, int64 indices, two explicit all_gathers per parameter, and
-``scatter_reduce(mean)`` decoding, as in the published reference. Only 1-D and 2-D
-tensors, like the reference.
+einsum transforms on explicitly zero-padded blocks, int64 indices, two explicit all_gathers
+per parameter, and a per-coefficient mean over the replicas' non-zero values written as a
+plain loop (a kept coefficient whose value is zero casts no vote). Only 1-D and 2-D tensors,
+like the published reference.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import torch.distributed as dist
 
 
 def ref_chunk(dim: int, target: int) -> int:
-    divisors = [d for d in range(1, dim + 1) if dim % d == 0]
-    smaller = [d for d in divisors if d <= target]
-    return dim if dim < target else max(smaller)
+    """Block edge: the target, or the whole dim when it is shorter (the last block may be partial)."""
+    return dim if dim < target else target
 
 
 def ref_dct_basis(n: int) -> torch.Tensor:
@@ -42,18 +42,28 @@ class ReferenceDeMo:
         inv = [torch.linalg.inv(ref_dct_basis(n)).to(p.dtype) for n in ns]
         return ns, fwd, inv
 
+    @staticmethod
+    def _pad(x, ns):
+        # Zero-pad every dim up to a whole number of blocks (the last block of a dim may be partial).
+        padded = x.new_zeros([-(-s // n) * n for s, n in zip(x.shape, ns)])
+        padded[tuple(slice(0, s) for s in x.shape)] = x
+        return padded
+
     def _encode(self, x, ns, fwd):
+        x = self._pad(x, ns)
         if x.dim() == 1:
             return torch.einsum("xw,wd->xd", x.reshape(-1, ns[0]), fwd[0])
         y = x.reshape(x.shape[0] // ns[0], ns[0], x.shape[1] // ns[1], ns[1])
         return torch.einsum("yhxw,hb,wd->yxbd", y, fwd[0], fwd[1]).flatten(-2)
 
     def _decode(self, c, shape, ns, inv):
+        padded = [-(-s // n) * n for s, n in zip(shape, ns)]
         if len(shape) == 1:
-            return torch.einsum("xd,dw->xw", c, inv[0]).reshape(shape)
-        c = c.reshape(*c.shape[:-1], ns[0], ns[1])
-        y = torch.einsum("yxbd,bh,dw->yhxw", c, inv[0], inv[1])
-        return y.reshape(shape)
+            y = torch.einsum("xd,dw->xw", c, inv[0]).reshape(padded)
+        else:
+            c = c.reshape(*c.shape[:-1], ns[0], ns[1])
+            y = torch.einsum("yxbd,bh,dw->yhxw", c, inv[0], inv[1]).reshape(padded)
+        return y[tuple(slice(0, s) for s in shape)]
 
     @torch.no_grad()
     def step(self, apply: bool = True):
@@ -71,24 +81,37 @@ class ReferenceDeMo:
             val = torch.gather(coeffs, -1, idx)
             if self.encoding == "bf16":
                 val = val.to(torch.bfloat16).to(p.dtype)
-            elif self.encoding == "scaled_sign":  # every kept value becomes +-(mean |kept|) of its block
-                magnitude = val.abs().sum(-1, keepdim=True) / k
-                val = torch.where(val < 0, -magnitude, magnitude)
+            elif self.encoding == "scaled_sign":  # every kept value becomes +-(mean |kept non-zero|) of its block
+                voters = (val != 0).sum(-1, keepdim=True).clamp_min(1)
+                val = torch.sign(val) * val.abs().sum(-1, keepdim=True) / voters
             own = torch.zeros_like(coeffs).scatter(-1, idx, val)
             delta.sub_(self._decode(own, p.shape, ns, inv))
             if self.encoding == "sign":
-                val = torch.where(val < 0, -1.0, 1.0).to(p.dtype)
+                val = torch.sign(val)
             all_idx = [torch.empty_like(idx) for _ in range(world)]
             all_val = [torch.empty_like(val) for _ in range(world)]
             dist.all_gather(all_idx, idx, group=self.group)
             dist.all_gather(all_val, val, group=self.group)
-            dense = torch.zeros_like(coeffs).scatter_reduce(
-                -1, torch.cat(all_idx, -1), torch.cat(all_val, -1), reduce="mean", include_self=False
-            )
+            dense = mean_of_votes(torch.cat(all_idx, -1), torch.cat(all_val, -1), coeffs.shape[-1]).reshape(coeffs.shape)
             decoded = self._decode(dense, p.shape, ns, inv)
             self.last_decoded.append(decoded)
             if apply:
                 p.sub_(self.lr * decoded.sign())
+
+
+def mean_of_votes(idx, val, n):
+    """Per block row, each coefficient's mean over the values that vote for it: a zero value
+    (a kept coefficient that was zero) is no vote; a coefficient without votes is zero."""
+    idx, val = idx.reshape(-1, idx.shape[-1]), val.reshape(-1, val.shape[-1])
+    out = torch.zeros(idx.shape[0], n, dtype=val.dtype)
+    for row in range(idx.shape[0]):
+        votes: dict[int, list[float]] = {}
+        for i, v in zip(idx[row].tolist(), val[row].tolist()):
+            if v != 0:
+                votes.setdefault(i, []).append(v)
+        for i, vs in votes.items():
+            out[row, i] = sum(vs) / len(vs)
+    return out
 
 
 def differs_only_where_update_is_zero(ours, ref, decoded) -> bool:

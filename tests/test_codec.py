@@ -47,9 +47,10 @@ def test_payload_round_trip_and_size(encoding, shape, topk):
     sent = scaled_signs(vals) if encoding == "scaled_sign" else vals
     payload = pack_payload(idx, sent, layout.block_numel, encoding)
     count = layout.num_blocks * k
+    counts = math.ceil(layout.num_blocks * bits_for(k + 1) / 8)  # the 1-bit encodings' voter counts
     expected = math.ceil(count * bits_for(layout.block_numel) / 8) + {
-        "fp32": 4 * count, "bf16": 2 * count, "sign": math.ceil(count / 8),
-        "scaled_sign": math.ceil(count / 8) + 4 * layout.num_blocks}[encoding]
+        "fp32": 4 * count, "bf16": 2 * count, "sign": math.ceil(count / 8) + counts,
+        "scaled_sign": math.ceil(count / 8) + counts + 4 * layout.num_blocks}[encoding]
     assert payload.numel() == payload_nbytes(layout, topk, encoding) == expected
     got_idx, got_vals = unpack_payload(payload.unsqueeze(0), layout.num_blocks, k, layout.block_numel, encoding,
                                        torch.float32)
@@ -66,11 +67,12 @@ def test_payload_round_trip_and_size(encoding, shape, topk):
         assert torch.equal(got_vals[0], torch.where(vals < 0, -1.0, 1.0))
 
 
-def test_llama_block_payload_is_52_bytes_per_block_with_sign_values():
+def test_llama_block_payload_is_52_75_bytes_per_block_with_sign_values():
     layout = block_layout((4096, 4096), 64)
-    assert payload_nbytes(layout, 32, "sign") == 4096 * (32 * 12 + 32) // 8  # 4096 blocks x 52 bytes
+    # 4096 blocks x (32 x 12-bit indices + 32 sign bits + a 6-bit voter count) = 52.75 bytes each
+    assert payload_nbytes(layout, 32, "sign") == 4096 * (32 * 12 + 32 + 6) // 8
     assert value_nbytes(5, 2, "bf16") == 20
-    assert payload_nbytes(layout, 32, "scaled_sign") == 4096 * 56  # + one fp32 scale per block
+    assert payload_nbytes(layout, 32, "scaled_sign") == 4096 * (32 * 12 + 32 + 6) // 8 + 4096 * 4  # + fp32 scales
 
 
 @pytest.mark.parametrize("encoding", ["fp32", "bf16", "scaled_sign"])

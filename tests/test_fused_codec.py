@@ -36,13 +36,15 @@ CASES = [
     ((96, 64), 64, 5),
     ((32, 48), 16, 256),
     ((2048,), 64, 32),  # 1-D (a norm weight): 1 x 64 blocks
-    ((300,), 64, 5),  # 1-D, 1 x 60 blocks (padded columns)
+    ((300,), 64, 5),  # 1-D, 1 x 64 blocks, the last one partial
+    ((100, 130), 64, 32),  # partial blocks at the bottom and right edges (zero-padded for the DCT)
+    ((3, 70, 40), 32, 8),  # 3-D: each leading slice ends in a partial row of blocks
 ]
 
 
 # The mean decode densifies 32 kept coefficients at a time: k above 32 spans several chunks
 # (200: a partial last one).
-DECODE_CASES = [*CASES[:5], ((128, 192), 64, 200), ((64, 128), 64, 256)]
+DECODE_CASES = [*CASES[:5], *CASES[-2:], ((128, 192), 64, 200), ((64, 128), 64, 256)]
 
 
 def _torch_encode(delta, grad, layout, k, encoding):
@@ -99,6 +101,32 @@ def test_encode_without_grad_and_bf16_error_feedback_differs():
     d32 = delta.clone()
     fc.fused_encode(d32, None, LR, DECAY, layout, k, "fp32")
     assert (d32 - d).abs().max() > 1e-4 * ref_d.abs().max()
+
+
+def test_kept_zeros_come_after_the_voters_and_cast_no_vote():
+    # Blocks of 4 x 2 whose two columns are equal: the second DCT column is (a - a) / sqrt(2),
+    # exactly 0, so each block has 4 non-zero coefficients and top-6 keeps 2 zeros. The encode
+    # puts the voters first, then the zeros; packed and unpacked, the zeros read as index -1 /
+    # value 0 (no vote), the same on both paths, in every encoding. The second block is all zero.
+    layout = block_layout((8, 2), 4)
+    rows = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.0, 0.0, 0.0, 0.0])
+    d = rows[:, None].expand(8, 2).contiguous()
+    for encoding in ("sign", "scaled_sign", "fp32", "bf16"):
+        ref_d, ref_idx, ref_vals = _torch_encode(d, None, layout, 6, encoding)
+        got_d = d.clone()
+        idx, vals = fc.fused_encode(got_d, None, LR, DECAY, layout, 6, encoding)
+        assert torch.all(vals[0, :4] != 0) and torch.all(vals[0, 4:] == 0) and torch.all(vals[1] == 0), encoding
+        assert idx[0, :4].tolist() == [0, 2, 4, 6], encoding  # the even (first-column) coefficients vote
+        torch.testing.assert_close(got_d, ref_d, rtol=0, atol=1e-6)
+        payload = fc.fused_pack_payload(idx, vals, 8, encoding)
+        # The torch path's payload (its slots in another order) decodes to the same votes.
+        r_idx, r_vals = unpack_payload(pack_payload(ref_idx, ref_vals, 8, encoding).unsqueeze(0), 2, 6, 8, encoding,
+                                       torch.float32)
+        assert sorted(r_idx[0, 0].tolist()) == [-1, -1, 0, 2, 4, 6] and r_idx[0, 1].tolist() == [-1] * 6, encoding
+        u_idx, u_vals = fc.fused_unpack_payload(payload.unsqueeze(0), 2, 6, 8, encoding)
+        t_idx, t_vals = unpack_payload(payload.unsqueeze(0), 2, 6, 8, encoding, torch.float32)
+        assert u_idx[0].tolist() == [[0, 2, 4, 6, -1, -1], [-1] * 6] == t_idx[0].tolist(), encoding
+        assert torch.equal(u_vals, t_vals) and torch.all(u_vals[0, :, 4:] == 0), encoding
 
 
 def test_ties_take_lowest_indices():
@@ -205,8 +233,13 @@ def test_pack_unpack_match_torch(encoding, block_numel, B, k):
     g = torch.Generator().manual_seed(7)
     idx = torch.stack([torch.randperm(block_numel, generator=g)[:k] for _ in range(B)]).to(torch.int32)
     vals = torch.randn(B, k, generator=g)
-    vals[0, 0] = -0.0  # signbit of -0.0 is set
-    if encoding == "scaled_sign":  # what the encoder emits: +-(mean |kept|) per block
+    # Zeros cast no vote; the encoders emit each block's voters first: a -0.0 (signbit set)
+    # last in block 0, an all-zero block 1, block 2 half zeros.
+    vals[0, -1] = -0.0
+    vals[1] = 0.0
+    if B > 2:
+        vals[2, k // 2 + 1:] = 0.0
+    if encoding == "scaled_sign":  # what the encoder emits: +-(mean |kept non-zero|) per block
         vals = scaled_signs(vals)
     ref = pack_payload(idx, vals, block_numel, encoding)
     got = fc.fused_pack_payload(idx, vals, block_numel, encoding)

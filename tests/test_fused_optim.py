@@ -27,34 +27,75 @@ def _grads(step, rank):
 
 
 def _run(fused, steps, rank=0, encoding="sign"):
+    params, opt = _build(fused, encoding)
+    for step in range(steps):
+        _step(params, opt, step, rank)
+    return params, opt
+
+
+def _build(fused, encoding):
     from flexdemo import DeMo
 
     params = _params()
     opt = DeMo(params, lr=0.01, compression_decay=0.9, compression_topk=8, value_encoding=encoding, fused=fused,
                weight_decay=0.1)  # the fused decode applies the decay too
-    for step in range(steps):
-        for p, g in zip(params, _grads(step, rank)):
-            p.grad = g
-        opt.step()
     return params, opt
+
+
+def _step(params, opt, step, rank=0):
+    for p, g in zip(params, _grads(step, rank)):
+        p.grad = g
+    opt.step()
+
+
+def _record_directions(opt):
+    """Wrap the torch-path optimizer's decode so that each step leaves, per parameter, the
+    decoded direction IDCT(mean over the voting replicas) whose sign it applies."""
+    from flexdemo.compression.codec import decode_mean
+
+    comp, directions = opt.compressor, {}
+    original = comp.decode_sign_update
+
+    def recording(bucket, idx, vals, targets, *args, **kwargs):
+        for m, t in zip(bucket.members, targets):
+            rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
+            directions[t.data_ptr()] = decode_mean(idx[:, rows].long(), vals[:, rows], m.layout)
+        return original(bucket, idx, vals, targets, *args, **kwargs)
+
+    comp.decode_sign_update = recording
+    return directions
+
+
+# Where the torch path's decoded direction is this small relative to the tensor's largest, its
+# sign is rounding noise (the DCTs sum in another order): only there may the paths differ.
+NEAR_ZERO = 1e-5
 
 
 @pytest.mark.parametrize("encoding", ["fp32", "sign", "scaled_sign"])
 def test_fused_path_matches_torch_path(encoding):
-    from flexdemo.kernels import fused_supported
     from flexdemo.compression.dct import block_layout
+    from flexdemo.kernels import fused_supported
 
-    fused_params, fused_opt = _run(True, 4, encoding=encoding)
-    torch_params, torch_opt = _run(False, 4, encoding=encoding)
+    fused_params, fused_opt = _build(True, encoding)
+    torch_params, torch_opt = _build(False, encoding)
     assert all(fused_supported(block_layout(s, 64), "cpu") for s in SHAPES)  # 1-D too (1 x n2 blocks)
-    assert fused_opt.last_step_bytes_sent == torch_opt.last_step_bytes_sent == fused_opt.payload_bytes_per_step()
-    total = sum(p.numel() for p in torch_params)
-    differing = sum(int((a != b).sum()) for a, b in zip(fused_params, torch_params))
-    # Same index sets and decode; the DCT sums in another order, so a decoded value that is
-    # ~0 may take the other sign now and then. Anything more means a real difference.
-    assert differing <= 1e-3 * total, f"{differing} of {total} elements differ"
-    for a, b in zip(fused_opt.state.values(), torch_opt.state.values()):
-        torch.testing.assert_close(a["delta"], b["delta"], atol=1e-4, rtol=1e-4)
+    directions = _record_directions(torch_opt)
+    for step in range(4):
+        _step(fused_params, fused_opt, step)
+        _step(torch_params, torch_opt, step)
+        assert fused_opt.last_step_bytes_sent == torch_opt.last_step_bytes_sent == fused_opt.payload_bytes_per_step()
+        for i, (a, b) in enumerate(zip(fused_params, torch_params)):
+            direction = directions[b.data_ptr()]
+            differs = a.detach() != b.detach()
+            noise = direction.abs() <= NEAR_ZERO * direction.abs().max()
+            assert not (differs & ~noise).any(), (
+                f"step {step}, parameter {i}: {int((differs & ~noise).sum())} elements differ where the update is "
+                f"not ~0")
+            with torch.no_grad():  # re-align where a ~0 direction took the other sign
+                a.copy_(b)
+        for a, b in zip(fused_opt.state.values(), torch_opt.state.values()):
+            # the momentum after error feedback, relative to its own scale
+            assert (a["delta"] - b["delta"]).abs().max() <= 1e-5 * b["delta"].abs().max()
 
 
 def test_topk_above_the_kernels_limit_takes_the_torch_path():

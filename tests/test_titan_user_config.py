@@ -1,9 +1,12 @@
 """A torchtitan user's own config, unchanged but for the plugin lines, through scripts/launch.sh:
-its own tokenizer is used (never replaced by flexdemo's), it trains, replicas stay identical."""
+its own tokenizer is used (never replaced by flexdemo's), it trains, replicas stay identical,
+and the embedding rows of ids its tokenizer never produces do not move."""
 
 import math
 
-from titan_launch import launch, write_own_tokenizer
+import torch
+
+from titan_launch import launch, load_dcp, write_own_tokenizer
 
 STEPS = 6
 
@@ -68,7 +71,9 @@ def test_users_own_tokenizer_is_used(tmp_path, assets):
     assert ids < VOCAB_SIZE
     config = tmp_path / "debug_model.toml"
     config.write_text(USER_CONFIG.format(tokenizer=own, steps=STEPS))
-    run = launch(config, tmp_path / "dump", assets=assets, timeout=400)
+    # Checkpoints after the first step and at the end: the model's embedding at both.
+    run = launch(config, tmp_path / "dump", "--checkpoint.enable", "--checkpoint.enable_first_step_checkpoint",
+                 "--checkpoint.interval", str(STEPS), assets=assets, timeout=400)
     assert run.returncode == 0, run.output[-6000:]
     log = run.rank_lines(0)
     assert f"tokenizer: {own} ({ids} ids)" in " ".join(log)
@@ -77,3 +82,14 @@ def test_users_own_tokenizer_is_used(tmp_path, assets):
     assert sorted(losses) == list(range(1, STEPS + 1)) and all(math.isfinite(v) for v in losses.values())
     d = run.digests()
     assert d[(0, STEPS)] == d[(2, STEPS)] and d[(1, STEPS)] == d[(3, STEPS)]
+
+    # Ids >= the tokenizer's size are never looked up: their embedding rows get no gradient,
+    # and whole 64-row DCT blocks of them must not move (with sign values they used to move
+    # by lr at every step: a kept zero read as a +1 vote). A block shared with looked-up rows
+    # does spread its update over every row: that is the compression, in every encoding.
+    first, last = (load_dcp(tmp_path / "dump" / "checkpoint" / f"step-{s}") for s in (1, STEPS))
+    silent = -(-ids // 64) * 64
+    emb0, emb1 = first["tok_embeddings.weight"], last["tok_embeddings.weight"]
+    assert emb0.shape[0] - silent >= 64 * 16  # many whole silent blocks
+    assert torch.equal(emb1[silent:], emb0[silent:])
+    assert not torch.equal(emb1[:ids], emb0[:ids])  # the looked-up rows trained

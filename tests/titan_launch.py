@@ -141,8 +141,8 @@ def debugmodel_local_shapes(shard: int, shards: int = 2) -> list[tuple[int, ...]
 def expected_payload_bytes(shard: int, encoding: str = "sign", shards: int = 2, chunk: int = 64,
                            topk: int = 32) -> int:
     """The payload formula for this rank's FSDP shard of the debug model: tensors that share a
-    block shape form one bucket of ceil(blocks*k*bits/8) index bytes + the value bytes; one
-    flag byte ends the payload."""
+    block shape form one bucket of ceil(blocks*k*bits/8) index bytes + the value bytes (1-bit
+    values: then a bits_for(k + 1)-bit voter count per block); one flag byte ends the payload."""
     from flexdemo.compression.bitpack import bits_for
     from flexdemo.compression.dct import block_layout
 
@@ -152,12 +152,12 @@ def expected_payload_bytes(shard: int, encoding: str = "sign", shards: int = 2, 
         if layout.num_blocks:
             key = (layout.n1, layout.n2, min(topk, layout.block_numel))
             blocks_per_bucket[key] = blocks_per_bucket.get(key, 0) + layout.num_blocks
-    value_bytes = {"sign": lambda c, b: -(-c // 8), "scaled_sign": lambda c, b: -(-c // 8) + 4 * b,
-                   "fp32": lambda c, b: 4 * c, "bf16": lambda c, b: 2 * c}[encoding]
     total = 0
     for (n1, n2, k), blocks in blocks_per_bucket.items():
         count = blocks * k
-        total += -(-count * bits_for(n1 * n2) // 8) + value_bytes(count, blocks)
+        votes = -(-count // 8) + -(-blocks * bits_for(k + 1) // 8)  # sign bits, then each block's voter count
+        value_bytes = {"sign": votes, "scaled_sign": votes + 4 * blocks, "fp32": 4 * count, "bf16": 2 * count}
+        total += -(-count * bits_for(n1 * n2) // 8) + value_bytes[encoding]
     return total + 1
 
 

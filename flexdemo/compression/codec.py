@@ -7,13 +7,24 @@ A bit stream of ``B`` blocks with ``k`` kept coefficients each is ``[indices | v
 * values, by ``encoding``:
     - ``"fp32"``: 4 bytes each, exact (the DeMo reference's update, bit for bit);
     - ``"bf16"``: 2 bytes each, rounded to nearest;
-    - ``"sign"``: 1 bit each (1 = negative), decoded as -1 / +1 before averaging;
-    - ``"scaled_sign"``: 1 bit each, then one fp32 scale per block (the mean magnitude of the
-      block's kept coefficients), decoded as -scale / +scale: the size of what is sent
-      survives, for updates that are not sign-normalised (the DiLoCo outer step).
+    - ``"sign"``: 1 bit each (1 = negative), decoded as -1 / +1 before averaging; then one
+      *voter count* per block (``bits_for(k + 1)`` bits: 6 for k = 32);
+    - ``"scaled_sign"``: 1 bit each, then the voter counts, then one fp32 scale per block
+      (the mean magnitude of the block's non-zero kept coefficients), decoded as -scale /
+      +scale: the size of what is sent survives, for updates that are not sign-normalised
+      (the DiLoCo outer step).
+
+Zero casts no vote. Top-k of a block with fewer than k non-zero coefficients (a parameter
+with no gradient, an all-zero block) still fills k slots; a kept coefficient whose value is
+zero must not count as a vote, or a 1-bit value would read it as +1 and move every weight of
+a zero-gradient parameter by lr each step. So each block's kept coefficients travel voters
+(non-zero values) first: with fp32/bf16 values a zero value marks a non-voter, with 1-bit
+values the block's voter count does. Decoding (:func:`unpack_payload`) returns index -1 and
+value 0 for non-voters, and :func:`mean_of_selected` averages each coefficient over the
+replicas that *voted* for it.
 
 So ``nbytes = ceil(B*k*bits/8) + value bytes``; for 64x64 blocks, k=32 and sign values that
-is 52 bytes per 4096 elements (56 with scaled_sign).
+is 53 bytes per 4096 elements (57 with scaled_sign).
 """
 
 from __future__ import annotations
@@ -50,9 +61,15 @@ def value_nbytes(num_blocks: int, k: int, encoding: str) -> int:
         return 4 * count
     if encoding == "bf16":
         return 2 * count
+    votes = packed_nbytes(count, 1) + packed_nbytes(num_blocks, count_bits(k))
     if encoding == "sign":
-        return packed_nbytes(count, 1)
-    return packed_nbytes(count, 1) + SCALE_NBYTES * num_blocks
+        return votes
+    return votes + SCALE_NBYTES * num_blocks
+
+
+def count_bits(k: int) -> int:
+    """Bits of a block's voter count (0..k) in the 1-bit encodings."""
+    return bits_for(k + 1)
 
 
 def coefficients_nbytes(num_blocks: int, k: int, block_numel: int, encoding: str) -> int:
@@ -73,10 +90,18 @@ def select_topk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return idx, torch.gather(coeffs, -1, idx)
 
 
+def voters_first(idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, k]`` slots reordered per row so that non-zero values come first (stable)."""
+    order = torch.argsort((vals == 0).to(torch.int8), dim=-1, stable=True)
+    return torch.gather(idx, -1, order), torch.gather(vals, -1, order)
+
+
 def scaled_signs(vals: torch.Tensor) -> torch.Tensor:
-    """``[B, k]`` kept values -> +-(their block's mean magnitude), the sign taken from the sign bit."""
-    magnitude = vals.abs().mean(dim=-1, keepdim=True)
-    return torch.where(torch.signbit(vals), -magnitude, magnitude)
+    """``[B, k]`` kept values -> +-(mean magnitude of the block's non-zero values), the sign
+    from the sign bit; zeros stay zero (they cast no vote)."""
+    voters = (vals != 0).sum(dim=-1, keepdim=True).clamp_min(1)
+    magnitude = vals.abs().sum(dim=-1, keepdim=True) / voters
+    return torch.where(vals == 0, 0.0, torch.where(torch.signbit(vals), -magnitude, magnitude)).to(vals.dtype)
 
 
 def sent_values(vals: torch.Tensor, encoding: str) -> torch.Tensor:
@@ -84,8 +109,9 @@ def sent_values(vals: torch.Tensor, encoding: str) -> torch.Tensor:
 
     fp32 sends values exactly and bf16 rounds them, so the rounding error stays in the
     accumulator; scaled_sign values are already what the receivers decode. A bare sign bit has
-    no magnitude on the accumulator's scale: the selected coefficients count as sent in full
-    (as in the DeMo reference) and only their vote travels.
+    no magnitude on the accumulator's scale: with ``"sign"`` each selected coefficient leaves
+    the accumulator *in full* (as in the DeMo reference), although only its sign was sent.
+    A zero value removes nothing, whatever the encoding.
     """
     if encoding == "bf16":
         return vals.to(torch.bfloat16).to(vals.dtype)
@@ -104,8 +130,17 @@ def compress(acc: torch.Tensor, layout: BlockLayout, k: int, encoding: str) -> t
     return idx, vals
 
 
+def voter_counts(vals: torch.Tensor) -> torch.Tensor:
+    """``[B, k]`` values, voters first -> each block's number of voters (non-zero values)."""
+    return (vals != 0).sum(dim=-1)
+
+
 def pack_payload(idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encoding: str) -> torch.Tensor:
-    """``idx``/``vals`` of shape ``[B, k]`` (as :func:`compress` returns them) -> uint8 bit stream."""
+    """``idx``/``vals`` of shape ``[B, k]`` (as :func:`compress` returns them) -> uint8 bit
+    stream. With 1-bit values each row is sent voters first, as its voter count requires; a
+    non-voter's index and sign bits are sent but never read."""
+    if encoding in ("sign", "scaled_sign"):
+        idx, vals = voters_first(idx, vals.reshape(idx.shape))
     packed_idx = pack_uint(idx, bits_for(block_numel))
     flat = vals.reshape(-1)
     if encoding == "fp32":
@@ -113,20 +148,24 @@ def pack_payload(idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encodi
     elif encoding == "bf16":
         packed_vals = flat.to(torch.bfloat16).contiguous().view(torch.uint8)
     else:
-        packed_vals = pack_uint(torch.signbit(flat).to(torch.uint8), 1)
-        if encoding == "scaled_sign":  # every kept value of a block has the block's magnitude
-            scales = vals.reshape(idx.shape)[:, 0].abs().to(torch.float32).contiguous()
-            packed_vals = torch.cat([packed_vals, scales.view(torch.uint8)])
+        k = idx.shape[-1]
+        counts = voter_counts(vals.reshape(idx.shape))
+        parts = [pack_uint(torch.signbit(flat).to(torch.uint8), 1), pack_uint(counts, count_bits(k))]
+        if encoding == "scaled_sign":  # every voter of a block has the block's magnitude
+            scales = vals.reshape(idx.shape).abs().amax(dim=-1).to(torch.float32).contiguous()
+            parts.append(scales.view(torch.uint8))
+        packed_vals = torch.cat(parts)
     return torch.cat([packed_idx, packed_vals])
 
 
 def unpack_payload(
     payload: torch.Tensor, num_blocks: int, k: int, block_numel: int, encoding: str, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[W, nbytes]`` payloads -> indices ``[W, B, k]`` (int64) and values ``[W, B, k]`` of ``dtype``."""
+    """``[W, nbytes]`` payloads -> indices ``[W, B, k]`` (int64) and values ``[W, B, k]`` of
+    ``dtype``; a slot that casts no vote reads as index -1, value 0."""
     W, count = payload.shape[0], num_blocks * k
     idx_bytes = packed_nbytes(count, bits_for(block_numel))
-    idx = unpack_uint(payload[:, :idx_bytes], bits_for(block_numel), count)
+    idx = unpack_uint(payload[:, :idx_bytes], bits_for(block_numel), count).reshape(W, num_blocks, k)
     # A fresh flat buffer: the values may start at any byte, and view() needs alignment.
     raw = payload[:, idx_bytes:].contiguous()
     if encoding == "fp32":
@@ -135,17 +174,22 @@ def unpack_payload(
         vals = raw.reshape(-1).clone().view(torch.bfloat16).to(dtype)
     else:
         sign_bytes = packed_nbytes(count, 1)
+        count_bytes = packed_nbytes(num_blocks, count_bits(k))
         negative = unpack_uint(raw[:, :sign_bytes], 1, count)
-        vals = (1 - 2 * negative).to(dtype)
+        vals = (1 - 2 * negative).to(dtype).reshape(W, num_blocks, k)
+        voters = unpack_uint(raw[:, sign_bytes:sign_bytes + count_bytes], count_bits(k), num_blocks)
+        votes = torch.arange(k, device=payload.device) < voters.reshape(W, num_blocks, 1)
         if encoding == "scaled_sign":
-            scales = raw[:, sign_bytes:].reshape(-1).clone().view(torch.float32).to(dtype)
-            vals = vals.reshape(W, num_blocks, k) * scales.reshape(W, num_blocks, 1)
-    return idx.reshape(W, num_blocks, k), vals.reshape(W, num_blocks, k)
+            scales = raw[:, sign_bytes + count_bytes:].reshape(-1).clone().view(torch.float32).to(dtype)
+            vals = vals * scales.reshape(W, num_blocks, 1)
+        vals = torch.where(votes, vals, 0.0).to(dtype)
+    vals = vals.reshape(W, num_blocks, k)
+    return torch.where(vals != 0, idx, -1), vals
 
 
 def mean_of_selected(idx: torch.Tensor, vals: torch.Tensor, block_numel: int) -> torch.Tensor:
     """Dense ``[B, block_numel]`` coefficients: per coefficient, the mean over the replicas
-    that selected it (zero where none did).
+    that voted for it (zero where none did). Non-voting slots (index -1, value 0) add nothing.
 
     Replicas are added one at a time, in rank order: within one replica a block's indices
     are distinct, so each scatter_add is free of races and every rank computes the same
@@ -154,13 +198,14 @@ def mean_of_selected(idx: torch.Tensor, vals: torch.Tensor, block_numel: int) ->
     W, B, _ = idx.shape
     total = vals.new_zeros(B, block_numel)
     count = vals.new_zeros(B, block_numel)
-    ones = torch.ones_like(vals[0])
     for w in range(W):
-        total.scatter_add_(1, idx[w], vals[w])
-        count.scatter_add_(1, idx[w], ones)
+        votes = idx[w] >= 0
+        where = idx[w].clamp_min(0)  # a non-voter adds 0 to column 0
+        total.scatter_add_(1, where, torch.where(votes, vals[w], 0.0))
+        count.scatter_add_(1, where, votes.to(vals.dtype))
     return total / count.clamp_min(1)
 
 
 def decode_mean(idx: torch.Tensor, vals: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
-    """Replicas' ``[W, B, k]`` coefficients of one tensor -> ``IDCT(mean over selecting replicas)``."""
+    """Replicas' ``[W, B, k]`` coefficients of one tensor -> ``IDCT(mean over voting replicas)``."""
     return blocks_idct(mean_of_selected(idx, vals, layout.block_numel), layout)

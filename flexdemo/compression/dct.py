@@ -1,13 +1,17 @@
 """Chunked orthonormal DCT-II over the last two dims of a tensor, as DeMo uses it.
 
-Every dim of size ``s`` is cut into chunks of the largest divisor of ``s`` that is
-<= ``chunk`` (``s`` itself when ``s <= chunk``), the rule of the DeMo reference. A
-tensor ``[..., R, C]`` becomes ``lead * (R/n1) * (C/n2)`` blocks of ``n1 x n2``, each
-transformed by the separable 2-D DCT ``Y = F1 @ X @ F2.T``. 1-D tensors are treated as
-``[1, s]`` (so ``n1 == 1``: a 1-D DCT per chunk) and 0-D tensors as ``[1, 1]``.
+Every dim of size ``s`` is cut into blocks of ``min(s, chunk)``; when ``chunk`` does not
+divide ``s`` the last block of that dim is partial, and the DCT sees it zero-padded to the
+full edge. So the block grid, and with it the bytes sent per element, is the same however a
+tensor is split: a 4096-row matrix over 3 FSDP shards has 1366-row shards and 64-row blocks
+(the last one 22 rows), not the 2-row blocks that the DeMo reference's rule (the largest
+divisor of the local size <= chunk) would give. A tensor ``[..., R, C]`` becomes
+``lead * ceil(R/n1) * ceil(C/n2)`` blocks of ``n1 x n2``, each transformed by the separable
+2-D DCT ``Y = F1 @ X @ F2.T``. 1-D tensors are treated as ``[1, s]`` (so ``n1 == 1``: a 1-D
+DCT per chunk) and 0-D tensors as ``[1, 1]``.
 
 Coefficients are returned as ``[num_blocks, n1 * n2]`` so that top-k and scatter work on
-the last dim with no Python loop over blocks.
+the last dim with no Python loop over blocks. The inverse crops the padding away.
 """
 
 from __future__ import annotations
@@ -17,23 +21,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 
 
 def chunk_size(dim: int, target: int) -> int:
-    """Largest divisor of ``dim`` that is <= ``target`` (``dim`` itself if smaller)."""
+    """The block edge along a dim of size ``dim``: ``min(dim, target)`` (at least 1)."""
     if target < 1:
         raise ValueError(f"chunk target must be >= 1, got {target}")
-    if dim <= target:
-        return max(dim, 1)
-    for d in range(target, 0, -1):
-        if dim % d == 0:
-            return d
-    return 1  # unreachable: 1 divides everything
+    return max(min(dim, target), 1)
 
 
 @dataclass(frozen=True)
 class BlockLayout:
-    """How a tensor of ``shape`` is cut into DCT blocks."""
+    """How a tensor of ``shape`` is cut into DCT blocks (the last row/column of blocks may be partial)."""
 
     shape: tuple[int, ...]
     lead: int  # product of the leading (batched) dims
@@ -47,10 +47,24 @@ class BlockLayout:
         return self.n1 * self.n2
 
     @property
+    def row_blocks(self) -> int:
+        """Blocks along the rows of one leading slice (the last may be partial)."""
+        return -(-self.rows // self.n1)
+
+    @property
+    def col_blocks(self) -> int:
+        return -(-self.cols // self.n2)
+
+    @property
+    def padded(self) -> bool:
+        """Whether some block reaches past the tensor's edge."""
+        return self.rows % self.n1 != 0 or self.cols % self.n2 != 0
+
+    @property
     def num_blocks(self) -> int:
         if self.numel == 0:
             return 0
-        return self.lead * (self.rows // self.n1) * (self.cols // self.n2)
+        return self.lead * self.row_blocks * self.col_blocks
 
     @property
     def numel(self) -> int:
@@ -91,27 +105,42 @@ def dct_matrix(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor
     return f
 
 
+def _padded_view(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    """``x`` as ``[lead, row_blocks * n1, col_blocks * n2]``, zero-padded where blocks are partial."""
+    L = layout
+    x = x.reshape(L.lead, L.rows, L.cols)
+    if L.padded:
+        x = F.pad(x, (0, L.col_blocks * L.n2 - L.cols, 0, L.row_blocks * L.n1 - L.rows))
+    return x
+
+
 def blocks_dct(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     """``x`` (shaped ``layout.shape``) -> coefficients ``[num_blocks, n1 * n2]``."""
     L, n1, n2 = layout, layout.n1, layout.n2
     f1 = dct_matrix(n1, x.dtype, x.device)
     f2 = dct_matrix(n2, x.dtype, x.device)
+    x = _padded_view(x, L)
+    rb, cb = L.row_blocks, L.col_blocks
     # Last dim first: contiguous chunks of n2, one large GEMM.
     y = x.reshape(-1, n2) @ f2.T
-    # Then the row dim: per row-block a (n1 x n1) @ (n1 x cols) product.
-    y = torch.matmul(f1, y.reshape(L.lead * (L.rows // n1), n1, L.cols))
+    # Then the row dim: per row-block a (n1 x n1) @ (n1 x padded cols) product.
+    y = torch.matmul(f1, y.reshape(L.lead * rb, n1, cb * n2))
     # Gather each n1 x n2 block into one row for top-k.
-    y = y.reshape(L.lead * (L.rows // n1), n1, L.cols // n2, n2).transpose(1, 2)
+    y = y.reshape(L.lead * rb, n1, cb, n2).transpose(1, 2)
     return y.reshape(L.num_blocks, n1 * n2)
 
 
 def blocks_idct(coeffs: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
-    """Inverse of :func:`blocks_dct`: ``[num_blocks, n1 * n2]`` -> tensor of ``layout.shape``."""
+    """Inverse of :func:`blocks_dct`: ``[num_blocks, n1 * n2]`` -> tensor of ``layout.shape``
+    (what falls on the padding of partial blocks is dropped)."""
     L, n1, n2 = layout, layout.n1, layout.n2
     f1 = dct_matrix(n1, coeffs.dtype, coeffs.device)
     f2 = dct_matrix(n2, coeffs.dtype, coeffs.device)
-    y = coeffs.reshape(L.lead * (L.rows // n1), L.cols // n2, n1, n2).transpose(1, 2)
-    y = y.reshape(L.lead * (L.rows // n1), n1, L.cols)
+    rb, cb = L.row_blocks, L.col_blocks
+    y = coeffs.reshape(L.lead * rb, cb, n1, n2).transpose(1, 2)
+    y = y.reshape(L.lead * rb, n1, cb * n2)
     y = torch.matmul(f1.T, y)
     y = y.reshape(-1, n2) @ f2
+    if L.padded:
+        y = y.reshape(L.lead, rb * n1, cb * n2)[:, : L.rows, : L.cols]
     return y.reshape(layout.shape)

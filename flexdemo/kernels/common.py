@@ -1,9 +1,11 @@
 """What every fused codec kernel shares: Triton availability, supported layouts, padded DCT
 bases, launch sizes, argument checks and the block-level Triton helpers.
 
-Each program of a kernel owns one ``n1 x n2`` block of the row-major ``[R, C]`` tensor
-(leading dims fold into rows), numbered row-major over ``(R / n1, C / n2)`` as in
+Each program of a kernel owns one ``n1 x n2`` block of the row-major ``[lead, R, C]`` tensor,
+numbered row-major over ``(lead, ceil(R / n1), ceil(C / n2))`` as in
 :func:`flexdemo.compression.dct.blocks_dct`; a coefficient's index in its block is ``r * n2 + c``.
+Blocks at the tensor's edge may be partial: their missing elements load as zeros and are never
+stored.
 Block sizes up to 64 are supported; sizes that are not powers of two (e.g. 48 rows of the
 llama3 embedding shards) are padded to the next power of two with masked loads, zero rows and
 columns in the padded DCT matrices, and padded positions excluded from the top-k.
@@ -266,19 +268,26 @@ if HAVE_TRITON:
         return tl.where(y != y, y, u.to(tl.float32, bitcast=True))
 
     @triton.jit
-    def block_offsets(b, C, blocks_per_row, N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr):
-        # Block b of the row-major [rows, C] tensor: the offset of its first element (int64:
-        # tensors may exceed 2**31 elements), its elements' offsets from there (int32: P1 * C <
-        # 2**31 is checked by fused_supported, so there is no 64-bit math per element) and the
-        # in-block mask.
+    def block_offsets(b, R, C, blocks_per_row, N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr,
+                      P2: tl.constexpr):
+        # Block b of a row-major [lead, R, C] tensor, blocks numbered row-major over (lead,
+        # ceil(R / N1), ceil(C / N2)): the offset of its first element (int64: tensors may exceed
+        # 2**31 elements), its elements' offsets from there (int32: P1 * C < 2**31 is checked by
+        # fused_supported, so there is no 64-bit math per element), `valid` (the elements inside
+        # the tensor: loads and stores) and `inblock` (the N1 x N2 coefficient positions; a
+        # block at the tensor's edge is partial, and the DCT sees it zero-padded).
         r = tl.arange(0, P1)
         c = tl.arange(0, P2)
         bi = b // blocks_per_row
         bj = b - bi * blocks_per_row
-        base = (bi * N1).to(tl.int64) * C + bj * N2
+        row_blocks = (R + N1 - 1) // N1
+        lead = bi // row_blocks
+        row0 = (bi - lead * row_blocks) * N1
+        base = (lead.to(tl.int64) * R + row0) * C + bj * N2
         offs = r[:, None] * C + c[None, :]
-        valid = (r[:, None] < N1) & (c[None, :] < N2)
-        return base, offs, valid, r, c
+        inblock = (r[:, None] < N1) & (c[None, :] < N2)
+        valid = inblock & (row0 + r[:, None] < R) & (bj * N2 + c[None, :] < C)
+        return base, offs, valid, inblock, r, c
 
     @triton.jit
     def sparse_idct(i, m, f1_ptr, f2_ptr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr,
@@ -307,4 +316,4 @@ if HAVE_TRITON:
 
 def geometry(layout: BlockLayout, device):
     p1, p2 = pow2_at_least(layout.n1), pow2_at_least(layout.n2)
-    return p1, p2, padded_dct(layout.n1, p1, device), padded_dct(layout.n2, p2, device), layout.cols // layout.n2
+    return p1, p2, padded_dct(layout.n1, p1, device), padded_dct(layout.n2, p2, device), layout.col_blocks

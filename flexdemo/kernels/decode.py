@@ -1,4 +1,4 @@
-"""Fused decode: mean over the replicas that selected each coefficient + inverse DCT, then
+"""Fused decode: mean over the replicas that voted for each coefficient + inverse DCT, then
 either the sign update ``param -= lr * sign(.)`` (per-step DeMo) or the decoded tensor
 itself (the outer step of ``demo_diloco``), one block per program.
 
@@ -49,27 +49,28 @@ if HAVE_TRITON:
 
     @triton.jit
     def _decode_kernel(
-        param_ptr, mean_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row,
+        param_ptr, mean_ptr, f1_ptr, f2_ptr, lr, R, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, PREC: tl.constexpr,
     ):
         b = tl.program_id(0)
-        base, offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
+        base, offs, valid, inblock, r, c = block_offsets(b, R, C, blocks_per_row, N1, N2, P1, P2)
         param_ptr += base
-        m = tl.load(mean_ptr + b.to(tl.int64) * (N1 * N2) + r[:, None] * N2 + c[None, :], mask=valid, other=0.0)
+        m = tl.load(mean_ptr + b.to(tl.int64) * (N1 * N2) + r[:, None] * N2 + c[None, :], mask=inblock, other=0.0)
         _apply(param_ptr, offs, valid, idct_block(m, f1_ptr, f2_ptr, P1, P2, PREC), lr, 1.0, True)
 
     @triton.jit
     def _mean_decode_block(
-        b, row, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, scale, C, blocks_per_row, num_blocks, W,
+        b, row, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, scale, R, C, blocks_per_row, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr, SIGN_UPDATE: tl.constexpr,
     ):
         # Block b of the tensor at out_ptr, from row `row` of each replica's [num_blocks, K] idx/vals.
-        block_base, offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
+        block_base, offs, valid, inblock, r, c = block_offsets(b, R, C, blocks_per_row, N1, N2, P1, P2)
         out_ptr += block_base
-        # IDCT(mean over the replicas that selected each coefficient) = sum over every replica's
+        # IDCT(mean over the replicas that voted for each coefficient) = sum over every replica's
         # kept coefficients of value / (how many replicas kept it) times its basis function:
-        # no dense mean tile is built. KC coefficients per product (common.sparse_idct).
+        # no dense mean tile is built. KC coefficients per product (common.sparse_idct). A slot
+        # that casts no vote has index -1 (value 0): it adds nothing and matches no voter.
         z = tl.zeros([P1, P2], dtype=tl.float32)
         for w in range(W):
             base = (w * num_blocks + row).to(tl.int64) * K
@@ -89,12 +90,12 @@ if HAVE_TRITON:
 
     @triton.jit
     def _mean_decode_kernel(
-        param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, C, blocks_per_row, num_blocks, W,
+        param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, R, C, blocks_per_row, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr,
     ):
         b = tl.program_id(0)
-        _mean_decode_block(b, b, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, 1.0, C, blocks_per_row,
+        _mean_decode_block(b, b, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, 1.0, R, C, blocks_per_row,
                            num_blocks, W, N1, N2, P1, P2, K, KP, KC, PREC, True)
 
     @triton.jit
@@ -105,13 +106,13 @@ if HAVE_TRITON:
         SIGN_UPDATE: tl.constexpr,
     ):
         g = tl.program_id(0)
-        t, b, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
+        t, b, R, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
         out_ptr = tl.load(ptr_tab + t).to(tl.pointer_type(tl.float32))
         if ALIGNED:
             out_ptr = tl.multiple_of(out_ptr, 16)
         if LR_TABLE:
             lr = tl.load(lr_tab + t)
-        _mean_decode_block(b, g, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, scale, C, bpr, num_blocks, W,
+        _mean_decode_block(b, g, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, scale, R, C, bpr, num_blocks, W,
                            N1, N2, P1, P2, K, KP, KC, PREC, SIGN_UPDATE)
 
 
@@ -127,7 +128,7 @@ def fused_decode_update(
     dense_mean = dense_mean.contiguous()
     p1, p2, f1, f2, bpr = geometry(layout, param.device)
     _decode_kernel[(layout.num_blocks,)](
-        param, dense_mean, f1, f2, float(lr), layout.cols, bpr,
+        param, dense_mean, f1, f2, float(lr), layout.rows, layout.cols, bpr,
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, PREC=precision, num_warps=num_warps(p1, p2),
     )
 
@@ -150,7 +151,7 @@ def fused_mean_decode_update(
     p1, p2, f1, f2, bpr = geometry(layout, param.device)
     plan = sparse_plan(k, p1, p2)
     _mean_decode_kernel[(B,)](
-        param, idx, vals, f1, f2, float(lr), layout.cols, bpr, B, W,
+        param, idx, vals, f1, f2, float(lr), layout.rows, layout.cols, bpr, B, W,
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k, KP=plan["KP"], KC=plan["KC"], PREC=precision,
         **launch_options("decode", p1, p2, device_capability(param.device)),
     )

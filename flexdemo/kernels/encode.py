@@ -55,14 +55,14 @@ if HAVE_TRITON:
     @triton.jit
     def _encode_block(
         b, row, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
-        lr, decay, C, blocks_per_row,
+        lr, decay, R, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
         SKIP_FLAG: tl.constexpr,
     ):
         # Block b of the tensor at delta_ptr; its idx/vals go to output row `row`.
-        base, offs, valid, r, c = block_offsets(b, C, blocks_per_row, N1, N2, P1, P2)
+        base, offs, valid, inblock, r, c = block_offsets(b, R, C, blocks_per_row, N1, N2, P1, P2)
         delta_ptr += base
         grad_ptr += base
 
@@ -82,9 +82,9 @@ if HAVE_TRITON:
         y = tl.dot(tl.dot(f1, x, input_precision=PREC), f2t, input_precision=PREC)
 
         # Exact top-k by magnitude: the bits of a non-negative float order like the float, so
-        # the k-th largest |y| is found as a bit pattern (common.topk_threshold). Padding gets
-        # -1 so it is never counted.
-        bits = tl.where(valid, tl.abs(y).to(tl.int32, bitcast=True), -1)
+        # the k-th largest |y| is found as a bit pattern (common.topk_threshold). Positions
+        # outside the n1 x n2 block (power-of-two padding) get -1 so they are never counted.
+        bits = tl.where(inblock, tl.abs(y).to(tl.int32, bitcast=True), -1)
         thr, cnt = topk_threshold(bits, K, N1 * N2, BRACKET)
         sel = bits >= thr
         if cnt != K:
@@ -95,11 +95,13 @@ if HAVE_TRITON:
             sel = above | ((tie != 0) & (flat_exclusive_cumsum(tie) < need))
 
         # The values as sent and as error feedback counts them (flexdemo.compression.codec):
-        # fp32/sign: the exact coefficient; bf16: rounded; scaled_sign: +-(mean |kept|).
+        # fp32/sign: the exact coefficient; bf16: rounded; scaled_sign: +-(mean |kept non-zero|).
+        # A kept zero (bits 0) casts no vote and stays zero.
         if VALUES == 2:
-            mag = tl.sum(tl.sum(tl.where(sel, tl.abs(y), 0.0), axis=1), axis=0) / K
+            voters = tl.sum(tl.sum((sel & (bits > 0)).to(tl.int32), axis=1), axis=0)
+            mag = tl.sum(tl.sum(tl.where(sel, tl.abs(y), 0.0), axis=1), axis=0) / tl.maximum(voters, 1).to(tl.float32)
             negative = y.to(tl.int32, bitcast=True) < 0  # the sign bit, like torch.signbit
-            y = tl.where(negative, -mag, mag)
+            y = tl.where(bits == 0, 0.0, tl.where(negative, -mag, mag))
             sent = y
         elif VALUES == 1:
             sent = round_bf16(y)
@@ -111,6 +113,13 @@ if HAVE_TRITON:
         idx_row = idx_ptr + row.to(tl.int64) * K
         vals_row = vals_ptr + row.to(tl.int64) * K
         slot = flat_exclusive_cumsum(sel.to(tl.int32))
+        if thr == 0:
+            # Zeros were kept (fewer than K non-zero coefficients): voters first, then the
+            # zeros, which cast no vote (the payload's voter counts rely on this order).
+            vote = sel & (bits > 0)
+            voters = tl.sum(tl.sum(vote.to(tl.int32), axis=1), axis=0)
+            silent = (sel & (bits == 0)).to(tl.int32)
+            slot = tl.where(vote, flat_exclusive_cumsum(vote.to(tl.int32)), voters + flat_exclusive_cumsum(silent))
         flat = r[:, None] * N2 + c[None, :]
         tl.store(idx_row + slot, flat, mask=sel)
         tl.store(vals_row + slot, y, mask=sel)
@@ -134,14 +143,14 @@ if HAVE_TRITON:
     @triton.jit
     def _encode_kernel(
         delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr,
-        lr, decay, C, blocks_per_row,
+        lr, decay, R, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
         SKIP_FLAG: tl.constexpr,
     ):
         b = tl.program_id(0)
-        _encode_block(b, b, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C,
+        _encode_block(b, b, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, R, C,
                       blocks_per_row, N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
 
     @triton.jit
@@ -154,7 +163,7 @@ if HAVE_TRITON:
         SKIP_FLAG: tl.constexpr,
     ):
         g = tl.program_id(0)
-        t, b, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
+        t, b, R, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
         delta_ptr = tl.load(ptr_tab + t * 2).to(tl.pointer_type(tl.float32))
         if ALIGNED:  # host-checked: every address % 16 == 0
             delta_ptr = tl.multiple_of(delta_ptr, 16)
@@ -168,15 +177,15 @@ if HAVE_TRITON:
             if MIXED_GRAD:
                 if g_addr != 0:
                     _encode_block(b, g, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay,
-                                  C, bpr, N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
+                                  R, C, bpr, N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
                 else:
                     _encode_block(b, g, delta_ptr, delta_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay,
-                                  C, bpr, N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
+                                  R, C, bpr, N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
             else:
-                _encode_block(b, g, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+                _encode_block(b, g, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, R, C, bpr,
                               N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
         else:
-            _encode_block(b, g, delta_ptr, delta_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, C, bpr,
+            _encode_block(b, g, delta_ptr, delta_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, R, C, bpr,
                           N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
 
 
@@ -196,7 +205,8 @@ def fused_encode(
 
     ``delta`` (fp32, contiguous, ``layout.shape``) is updated in place to
     ``decay * delta + lr * grad - IDCT(sent)``; ``grad=None`` counts as zero. Returns
-    ``idx`` [B, k] int32 (ascending within each block) and ``vals`` [B, k] fp32: the exact
+    ``idx`` [B, k] int32 (each block's non-zero values first, each part in ascending index
+    order) and ``vals`` [B, k] fp32: the exact
     coefficients (``scaled_sign``: +-(mean |kept|) of the block), as
     :func:`flexdemo.compression.codec.select` gives them; pack with
     :func:`flexdemo.kernels.pack.fused_pack_payload`. ``precision`` is tl.dot's
@@ -219,7 +229,7 @@ def fused_encode(
     vals = torch.empty(B, k, dtype=torch.float32, device=delta.device)
     _encode_kernel[(B,)](
         delta, grad if grad is not None else delta, skip_grad if skip_grad is not None else f1, f1, f2, idx, vals,
-        float(lr), float(decay), layout.cols, bpr,
+        float(lr), float(decay), layout.rows, layout.cols, bpr,
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=grad is not None, VALUES=values, PREC=precision, **sparse_plan(k, p1, p2),
         BRACKET=search_bracket(k, layout.n1), SKIP_FLAG=skip_grad is not None and grad is not None,

@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 
 from flexdemo.compression.bitpack import bits_for, packed_nbytes
-from flexdemo.compression.codec import SCALE_NBYTES, pack_payload, unpack_payload, value_nbytes
+from flexdemo.compression.codec import (
+    SCALE_NBYTES,
+    count_bits,
+    pack_payload,
+    unpack_payload,
+    value_nbytes,
+    voter_counts,
+)
 from flexdemo.kernels.common import HAVE_TRITON, INTERPRET
 
 _PACK_BLOCK = 1024
@@ -34,9 +41,12 @@ if HAVE_TRITON:
 
     @triton.jit
     def _unpack_bits_kernel(
-        src_ptr, src_stride, out_ptr, count, nbytes, BITS: tl.constexpr, SIGN: tl.constexpr, BLOCK: tl.constexpr
+        src_ptr, src_stride, out_ptr, count, nbytes, voters_ptr, BITS: tl.constexpr, SIGN: tl.constexpr,
+        BLOCK: tl.constexpr, K: tl.constexpr, VOTERS: tl.constexpr,
     ):
         # Value v of row w is stream bits v*BITS.. of that row: at most 3 bytes for BITS <= 17.
+        # VOTERS: slot v % K of block v // K casts no vote past that block's voter count
+        # (voters[w, v // K]): it reads as index -1 / value 0.
         w = tl.program_id(1).to(tl.int64)
         v = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = v < count
@@ -47,9 +57,17 @@ if HAVE_TRITON:
             part = tl.load(src_ptr + w * src_stride + byte0 + t, mask=m & (byte0 + t < nbytes), other=0)
             word = word | (part.to(tl.int32) << (8 * t))
         x = (word >> (g - byte0 * 8).to(tl.int32)) & ((1 << BITS) - 1)
+        if VOTERS:
+            block = v // K
+            votes = (v - block * K) < tl.load(voters_ptr + w * (count // K) + block, mask=m, other=0)
         if SIGN:
-            tl.store(out_ptr + w * count + v, 1.0 - 2.0 * x.to(tl.float32), mask=m)  # 1 = negative
+            y = 1.0 - 2.0 * x.to(tl.float32)  # 1 = negative
+            if VOTERS:
+                y = tl.where(votes, y, 0.0)
+            tl.store(out_ptr + w * count + v, y, mask=m)
         else:
+            if VOTERS:
+                x = tl.where(votes, x, -1)
             tl.store(out_ptr + w * count + v, x, mask=m)
 
 
@@ -61,7 +79,9 @@ def fused_pack_payload(
     idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encoding: str, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Same bytes as :func:`flexdemo.compression.codec.pack_payload` (``idx``/``vals`` ``[B, k]``),
-    with one Triton launch per bit stream.
+    with one Triton launch per bit stream. With 1-bit values each row must hold its non-zero
+    values first, as :func:`flexdemo.kernels.encode.fused_encode` returns them: unlike the torch
+    path, this does not reorder them (a sort per block would cost a pass over the payload).
 
     ``out`` (uint8, the stream's length, e.g. a slice of the step's send buffer) is filled
     and returned when given, which saves the final concatenation.
@@ -91,16 +111,23 @@ def fused_pack_payload(
         if sign_bytes:
             _pack_bits_kernel[(triton.cdiv(sign_bytes, _PACK_BLOCK),)](
                 flat_vals.to(torch.float32), val_out, n, sign_bytes, BITS=1, SIGN=True, BLOCK=_PACK_BLOCK)
-        if encoding == "scaled_sign":  # every kept value of a block has the block's magnitude
+        count_nbytes = packed_nbytes(num_blocks, count_bits(k))
+        counts = voter_counts(vals.reshape(num_blocks, k)).to(torch.int32)
+        if count_nbytes:
+            _pack_bits_kernel[(triton.cdiv(count_nbytes, _PACK_BLOCK),)](
+                counts, val_out[sign_bytes:], num_blocks, count_nbytes, BITS=count_bits(k), SIGN=False,
+                BLOCK=_PACK_BLOCK)
+        if encoding == "scaled_sign":  # every voter of a block has the block's magnitude; slot 0 votes if any does
             scales = vals.reshape(num_blocks, k)[:, 0].abs().to(torch.float32).contiguous()
-            val_out[sign_bytes:].copy_(scales.view(torch.uint8))
+            val_out[sign_bytes + count_nbytes:].copy_(scales.view(torch.uint8))
     return out
 
 
 def fused_unpack_payload(
     payload: torch.Tensor, num_blocks: int, k: int, block_numel: int, encoding: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Like :func:`flexdemo.compression.codec.unpack_payload` for fp32 values, but ``idx`` is int32.
+    """Like :func:`flexdemo.compression.codec.unpack_payload` for fp32 values, but ``idx`` is int32
+    (-1 where a slot casts no vote).
 
     ``payload`` is ``[W, nbytes]`` with unit stride along bytes (a column slice of the
     gathered buffer is fine). Returns ``idx`` [W, B, k] int32 and ``vals`` [W, B, k] fp32.
@@ -114,23 +141,37 @@ def fused_unpack_payload(
     idx_bytes = packed_nbytes(count, bits)
     idx = torch.zeros(W, num_blocks, k, dtype=torch.int32, device=payload.device)
     grid = (triton.cdiv(count, _PACK_BLOCK), W)
-    if bits > 0 and count:
-        _unpack_bits_kernel[grid](payload, payload.stride(0), idx, count, idx_bytes,
-                                  BITS=bits, SIGN=False, BLOCK=_PACK_BLOCK)
     raw = payload[:, idx_bytes:]
     if encoding in ("sign", "scaled_sign"):
+        # The voter counts first (W x B, small): the index and sign kernels read them.
         sign_bytes = packed_nbytes(count, 1)
+        count_nbytes = packed_nbytes(num_blocks, count_bits(k))
+        voters = torch.zeros(W, num_blocks, dtype=torch.int32, device=payload.device)
+        if count:
+            # The unpack kernel takes a base pointer: pass each region via its own view.
+            _unpack_bits_kernel[(triton.cdiv(num_blocks, _PACK_BLOCK), W)](
+                raw[:, sign_bytes:], payload.stride(0), voters, num_blocks, count_nbytes, voters,
+                BITS=count_bits(k), SIGN=False, BLOCK=_PACK_BLOCK, K=1, VOTERS=False)
+            if bits > 0:
+                _unpack_bits_kernel[grid](payload, payload.stride(0), idx, count, idx_bytes, voters,
+                                          BITS=bits, SIGN=False, BLOCK=_PACK_BLOCK, K=k, VOTERS=True)
+            else:  # one coefficient per block: its index is 0 where it votes
+                idx.copy_(torch.where(torch.arange(k, device=idx.device) < voters.unsqueeze(-1), 0, -1))
         vals = torch.empty(W, num_blocks, k, dtype=torch.float32, device=payload.device)
         if count:
-            # The unpack kernel takes a base pointer: pass the value region via its own view.
-            _unpack_bits_kernel[grid](raw, payload.stride(0), vals, count, sign_bytes,
-                                      BITS=1, SIGN=True, BLOCK=_PACK_BLOCK)
+            _unpack_bits_kernel[grid](raw, payload.stride(0), vals, count, sign_bytes, voters,
+                                      BITS=1, SIGN=True, BLOCK=_PACK_BLOCK, K=k, VOTERS=True)
         if encoding == "scaled_sign":
-            scales = raw[:, sign_bytes:sign_bytes + SCALE_NBYTES * num_blocks].contiguous().reshape(-1).clone()
+            start = sign_bytes + count_nbytes
+            scales = raw[:, start:start + SCALE_NBYTES * num_blocks].contiguous().reshape(-1).clone()
             vals *= scales.view(torch.float32).reshape(W, num_blocks, 1)
-    else:
-        # A fresh buffer: the values may start at any byte and view() needs alignment.
-        flat = raw.reshape(-1).clone()  # clone: a W == 1 slice would keep its odd offset
-        vals = flat.view(torch.float32 if encoding == "fp32" else torch.bfloat16).to(torch.float32)
-        vals = vals.reshape(W, num_blocks, k)
-    return idx, vals
+            idx = torch.where(vals != 0, idx, -1)  # a zero scale: the block cast no vote
+        return idx, vals
+    if bits > 0 and count:
+        _unpack_bits_kernel[grid](payload, payload.stride(0), idx, count, idx_bytes, idx,
+                                  BITS=bits, SIGN=False, BLOCK=_PACK_BLOCK, K=k, VOTERS=False)
+    # A fresh buffer: the values may start at any byte and view() needs alignment.
+    flat = raw.reshape(-1).clone()  # clone: a W == 1 slice would keep its odd offset
+    vals = flat.view(torch.float32 if encoding == "fp32" else torch.bfloat16).to(torch.float32)
+    vals = vals.reshape(W, num_blocks, k)
+    return torch.where(vals != 0, idx, -1), vals  # a zero value casts no vote

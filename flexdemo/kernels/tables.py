@@ -22,16 +22,17 @@ if HAVE_TRITON:
     import triton.language as tl
 
     # blk_tensor[g] (int32) is the tensor of group block g; meta[t] = (cols, blocks_per_row,
-    # first group block) (int64); ptrs[t] holds raw addresses (int64) that are cast to pointers.
+    # first group block, rows) (int64); ptrs[t] holds raw addresses (int64) that are cast to pointers.
     @triton.jit
     def group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED: tl.constexpr):
         t = tl.load(blk_tensor_ptr + g).to(tl.int64)
-        C = tl.load(meta_ptr + t * 3).to(tl.int32)
+        C = tl.load(meta_ptr + t * 4).to(tl.int32)
         if ALIGNED:  # host-checked: every tensor's cols % 16 == 0 (lets loads vectorize, as per tensor)
             C = tl.multiple_of(C, 16)
-        bpr = tl.load(meta_ptr + t * 3 + 1).to(tl.int32)
-        b = (g - tl.load(meta_ptr + t * 3 + 2)).to(tl.int32)
-        return t, b, C, bpr
+        bpr = tl.load(meta_ptr + t * 4 + 1).to(tl.int32)
+        b = (g - tl.load(meta_ptr + t * 4 + 2)).to(tl.int32)
+        R = tl.load(meta_ptr + t * 4 + 3).to(tl.int32)
+        return t, b, R, C, bpr
 
 
 _TABLE_CACHE_SIZE = 256
@@ -81,7 +82,7 @@ def device_table(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor
 
 
 def layout_tables(layouts: list[BlockLayout], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
-    """(blk_tensor int32 [total_blocks], meta int64 [T, 3] = (cols, blocks_per_row, first block), total,
+    """(blk_tensor int32 [total_blocks], meta int64 [T, 4] = (cols, blocks_per_row, first block, rows), total,
     whether every cols % 16 == 0)."""
     key = (device, tuple((L.shape, L.n1, L.n2) for L in layouts))
     hit = _cache_get(_LAYOUT_TABLES, key)
@@ -91,7 +92,7 @@ def layout_tables(layouts: list[BlockLayout], device: torch.device) -> tuple[tor
     total = offsets[-1]
     if total >= 2**31:
         raise ValueError(f"fused grouped codec: {total} blocks in one group (max 2**31 - 1); split the group")
-    meta = [(L.cols, L.cols // L.n2, offsets[i]) for i, L in enumerate(layouts)]
+    meta = [(L.cols, L.col_blocks, offsets[i], L.rows) for i, L in enumerate(layouts)]
     counts = torch.tensor([L.num_blocks for L in layouts], dtype=torch.int64)
     blk_tensor = torch.repeat_interleave(torch.arange(len(layouts), dtype=torch.int32), counts, output_size=total)
     if device.type == "cuda":
