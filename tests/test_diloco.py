@@ -38,6 +38,9 @@ def _against_reference(rank, world, kw):
     start = [p.detach().clone() for p in ours]
     worst, identical_after_sync, differ_inside_cycle, syncs = 0.0, [], [], []
     for cycle in range(SYNCS):
+        # Local params at a cycle's start are the global ones: the outer update is after - before.
+        ours_before = [p.detach().clone() for p in ours]
+        ref_before = [p.detach().clone() for p in ref]
         for step in range(H):
             # Same data for ours and the reference; every replica sees its own.
             seed = 1000 * rank + 10 * cycle + step
@@ -49,8 +52,12 @@ def _against_reference(rank, world, kw):
                 differ_inside_cycle.append(not all_ranks_equal(ours))
         reference.sync()
         identical_after_sync.append(all_ranks_equal(ours))
-        for a, b in zip(ours, ref):
-            worst = max(worst, float((a - b).abs().max() / b.abs().max()))
+        for a, b, a0, b0 in zip(ours, ref, ours_before, ref_before):
+            # Relative to the outer update itself, not to the parameter it is added to.
+            update, ref_update = a.detach() - a0, b.detach() - b0
+            scale = float(ref_update.abs().max())
+            assert scale > 0, "the reference left a parameter unchanged (the comparison would be vacuous)"
+            worst = max(worst, float((update - ref_update).abs().max()) / scale)
             if kw["compression"] == "dense":
                 assert torch.equal(a, b), "dense DiLoCo must match the reference bit for bit"
     moved = sum(float((p - s).abs().sum()) for p, s in zip(ours, start))
@@ -85,8 +92,11 @@ def test_topk_matches_reference_and_replicas_stay_identical(world, encoding, mom
         assert identical == [True] * SYNCS
         assert differ == [True] * SYNCS
         assert moved > 0
-        # Independent DCT bases (FFT) round differently; anything real is orders larger.
-        assert worst < 1e-5, worst
+        # max|update - reference update| over max|reference update|, per parameter and outer step.
+        # Measured (CPU, torch 2.13): <= 1.6e-5 over these four cases, i.e. about one fp32 ulp of the
+        # parameter (6e-8 of it) over the smallest update (2.5e-3 of it): the DCT bases (matmul vs
+        # FFT) round differently. Dropping the error feedback gives 0.5-1.0.
+        assert worst < 1e-4, worst
         assert traffic.received == (world - 1) * traffic.sent > 0
 
 
