@@ -258,6 +258,17 @@ def test_pack_unpack_match_torch(encoding, block_numel, B, k):
     assert torch.equal(got_vals, ref_vals)
 
 
+@pytest.mark.parametrize("encoding", ["sign", "scaled_sign", "fp32", "bf16"])
+def test_fused_pack_and_unpack_give_the_golden_bytes(encoding):
+    from test_wire_format import DECODED_IDX, DECODED_VALS, GOLDEN, IDX, sent
+
+    got = fc.fused_pack_payload(IDX.to(torch.int32), sent(encoding), 16, encoding)
+    assert got.tolist() == GOLDEN[encoding]
+    idx, vals = fc.fused_unpack_payload(torch.tensor(GOLDEN[encoding], dtype=torch.uint8).unsqueeze(0), 2, 2, 16,
+                                        encoding)
+    assert idx[0].tolist() == DECODED_IDX and vals[0].tolist() == DECODED_VALS[encoding]
+
+
 @triton.jit
 def _threshold_kernel(bits_ptr, out_ptr, K: tl.constexpr, TOTAL: tl.constexpr, P: tl.constexpr,
                       BRACKET: tl.constexpr):

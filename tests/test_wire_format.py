@@ -1,0 +1,65 @@
+"""The wire format pinned by golden bytes, each derived by hand below (not by running the codec).
+
+Blocks of 4 x 4 = 16 coefficients (4-bit indices), k = 2 kept per block, two blocks:
+block 0 keeps index 3 (value -1.5) and index 10 (value 2.0); block 1 keeps index 5 (0.75) and
+index 0 with value 0.0, a kept zero that casts no vote.
+
+- indices, 4 bits each, LSB first: 3 | 10 << 4 = 0xA3, then 5 | 0 << 4 = 0x05.
+- sign bits (1 = negative), one per slot in order: 1, 0, 0, 0 -> 0x01.
+- voter counts, bits_for(k + 1) = 2 bits per block: 2 | 1 << 2 = 0x06.
+- scaled_sign: then one fp32 scale per block, the mean |value| of its voters:
+  (1.5 + 2.0) / 2 = 1.75 = 0x3FE00000 -> 00 00 E0 3F; 0.75 = 0x3F400000 -> 00 00 40 3F.
+- fp32 values, little endian: -1.5 = 0xBFC00000, 2.0 = 0x40000000, 0.75 = 0x3F400000, 0.0.
+- bf16 values: the top halves: C0 BF, 00 40, 40 3F, 00 00.
+These are format version 2: a change to any of these bytes must bump WIRE_FORMAT_VERSION.
+"""
+
+import pytest
+import torch
+
+from flexdemo.compression.codec import WIRE_FORMAT_VERSION, pack_payload, scaled_signs, unpack_payload
+
+IDX = torch.tensor([[3, 10], [5, 0]])
+VALS = torch.tensor([[-1.5, 2.0], [0.75, 0.0]])
+HEAD = [0xA3, 0x05]
+GOLDEN = {
+    "sign": HEAD + [0x01, 0x06],
+    "scaled_sign": HEAD + [0x01, 0x06, 0x00, 0x00, 0xE0, 0x3F, 0x00, 0x00, 0x40, 0x3F],
+    "fp32": HEAD + [0x00, 0x00, 0xC0, 0xBF, 0x00, 0x00, 0x00, 0x40, 0x00, 0x00, 0x40, 0x3F, 0x00, 0x00, 0x00, 0x00],
+    "bf16": HEAD + [0xC0, 0xBF, 0x00, 0x40, 0x40, 0x3F, 0x00, 0x00],
+}
+# What a receiver reads back: the kept zero as index -1, value 0 (no vote).
+DECODED_IDX = [[3, 10], [5, -1]]
+DECODED_VALS = {
+    "sign": [[-1.0, 1.0], [1.0, 0.0]],
+    "scaled_sign": [[-1.75, 1.75], [0.75, 0.0]],
+    "fp32": [[-1.5, 2.0], [0.75, 0.0]],
+    "bf16": [[-1.5, 2.0], [0.75, 0.0]],
+}
+
+
+def sent(encoding):
+    return scaled_signs(VALS) if encoding == "scaled_sign" else VALS
+
+
+def test_these_vectors_are_format_version_2():
+    assert WIRE_FORMAT_VERSION == 2
+
+
+@pytest.mark.parametrize("encoding", list(GOLDEN))
+def test_pack_gives_the_golden_bytes(encoding):
+    assert pack_payload(IDX, sent(encoding), 16, encoding).tolist() == GOLDEN[encoding]
+
+
+@pytest.mark.parametrize("encoding", list(GOLDEN))
+def test_the_golden_bytes_decode_to_the_votes(encoding):
+    payload = torch.tensor(GOLDEN[encoding], dtype=torch.uint8).unsqueeze(0)
+    idx, vals = unpack_payload(payload, 2, 2, 16, encoding, torch.float32)
+    assert idx[0].tolist() == DECODED_IDX and vals[0].tolist() == DECODED_VALS[encoding]
+
+
+def test_a_kept_zero_before_a_voter_is_sent_after_it():
+    # One block, index 7 holding 0.0 and index 9 holding -3.0: sent voters first, so the
+    # indices are 9 | 7 << 4 = 0x79, the signs 1, 0 -> 0x01 and the voter count 1 -> 0x01.
+    payload = pack_payload(torch.tensor([[7, 9]]), torch.tensor([[0.0, -3.0]]), 16, "sign")
+    assert payload.tolist() == [0x79, 0x01, 0x01]
