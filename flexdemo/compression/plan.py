@@ -75,3 +75,17 @@ def build_plan(
         bucket.byte_offset = offset
         offset += bucket.nbytes(encoding)
     return ordered, offset
+
+
+def describe_blocks(buckets: list[Bucket], encoding: str) -> str:
+    """One line for the start-up log: per block shape and top-k, how many tensors and blocks
+    (and how many tensors end in partial, zero-padded blocks), and the payload's bytes."""
+    shapes: dict[tuple[int, int, int], list[int]] = {}
+    for b in buckets:
+        tensors, blocks, partial = shapes.setdefault((b.n1, b.n2, b.k), [0, 0, 0])
+        shapes[(b.n1, b.n2, b.k)] = [tensors + len(b.members), blocks + b.num_blocks,
+                                     partial + sum(m.layout.padded for m in b.members)]
+    parts = [f"{n1}x{n2} top-{k}: {t} tensors, {n:,} blocks" + (f" ({p} with partial edge blocks)" if p else "")
+             for (n1, n2, k), (t, n, p) in shapes.items()]
+    total = sum(b.nbytes(encoding) for b in buckets)
+    return f"DCT blocks per rank: {'; '.join(parts) or 'none'}; {total:,} payload bytes per exchange ({encoding})"
