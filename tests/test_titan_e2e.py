@@ -3,6 +3,11 @@
 
 Slow (each launch pays ~1 min of imports on 2 cores); the module shares one 20-step
 demo run between the tests that only read its logs/checkpoints.
+
+The loss curves (demo, HSDP AdamW, qwen3) are compared step by step with the ones recorded in
+tests/data/e2e_loss_curves.json. A change that moves them on purpose re-records them with
+    FLEXDEMO_RECORD_CURVES=1 python -m pytest -q -p no:cacheprovider tests/test_titan_e2e.py -k curve
+(then review the JSON diff).
 """
 
 import os
@@ -13,12 +18,18 @@ import sys
 import pytest
 import torch
 
-from titan_launch import CONFIGS, REPO, expected_payload_bytes, launch, load_dcp, tensorboard_scalars, worker_pid
+from titan_launch import (CONFIGS, REPO, check_loss_curve, expected_payload_bytes, launch, load_dcp,
+                          tensorboard_scalars, worker_pid)
 
 STEPS, CKPT_STEP = 20, 10
 DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
 HSDP = CONFIGS / "cpu_2x2_hsdp_adamw.toml"
 RUN_TIMEOUT = 400
+# Absolute, per logged step (losses are logged with 5 decimals). Measured on the 2-core CPU machine
+# (torch 2.13.0+cpu, AVX512): two runs gave bitwise the same curves (spread 0); the CPU kernels of
+# another ISA (ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2) moved the demo curve by up
+# to 6e-4 by step 20 (train and held-out), HSDP AdamW and qwen3 by 0.
+CURVE_TOL = 1e-3
 
 
 def _demo_overrides():
@@ -44,16 +55,10 @@ def demo_run(tmp_path_factory, assets):
     return run
 
 
-def _mean(xs):
-    return sum(xs) / len(xs)
-
-
-def test_demo_loss_falls(demo_run):
+def test_demo_loss_curve(demo_run):
     losses = demo_run.losses(rank=0)
     assert sorted(losses) == list(range(1, STEPS + 1)), losses
-    first = _mean([losses[s] for s in range(1, 5)])
-    last = _mean([losses[s] for s in range(STEPS - 3, STEPS + 1)])
-    assert last < first - 0.3, f"loss did not fall: first4={first:.3f} last4={last:.3f} {losses}"
+    check_loss_curve("demo_2x2", {"train": losses, "validation": demo_run.validation_losses(0)}, CURVE_TOL)
 
 
 def test_demo_replicas_bit_identical(demo_run):
@@ -171,13 +176,13 @@ def test_benchmark_log_parser_reads_the_run(demo_run, tmp_path):
     assert 0 < seconds_per_step(run) < RUN_TIMEOUT
 
 
-def test_hsdp_adamw_baseline_runs(tmp_path, assets):
+def test_hsdp_adamw_baseline_loss_curve(tmp_path, assets):
     run = launch(HSDP, tmp_path / "hsdp", "--training.steps", "12",
                  "--flexdemo.replica_check_interval", "12", assets=assets, timeout=RUN_TIMEOUT)
     assert run.returncode == 0, run.output[-6000:]
     losses = run.losses(0)
     assert sorted(losses) == list(range(1, 13))
-    assert _mean([losses[s] for s in (10, 11, 12)]) < _mean([losses[s] for s in (1, 2, 3)]) - 0.2, losses
+    check_loss_curve("hsdp_adamw_2x2", {"train": losses}, CURVE_TOL)
     d = run.digests()
     assert d[(0, 12)] == d[(2, 12)] and d[(1, 12)] == d[(3, 12)]
     log = " ".join(run.rank_lines(0))
@@ -210,7 +215,7 @@ def test_demo_tensorboard_has_exchange_metrics(demo_run):
     assert len(sent) == STEPS and sent[0] == expected_payload_bytes(shard=0)
 
 
-def test_qwen3_family_demo_runs(tmp_path, assets):
+def test_qwen3_family_demo_loss_curve(tmp_path, assets):
     # The second model family shipped in torchtitan 0.2.2, through the same spec wrapper;
     # 2 processes = 2 replicas x 1 shard (the no-FSDP path) to keep the suite short.
     run = launch(DEMO, tmp_path / "qwen3", "--model.name", "flexdemo_qwen3",
@@ -219,9 +224,10 @@ def test_qwen3_family_demo_runs(tmp_path, assets):
                  "--flexdemo.replica_check_interval", "3", assets=assets, timeout=RUN_TIMEOUT, nproc=2)
     assert run.returncode == 0, run.output[-6000:]
     assert sorted(run.losses(0)) == [1, 2, 3]
-    # The logged loss is the global mean, the same on both replicas, and that of a fresh model
-    # at step 1 (about ln(vocab)), also with one shard per replica.
-    assert run.losses(0) == run.losses(1) and run.losses(0)[1] > 6.0, (run.losses(0), run.losses(1))
+    # The logged loss is the global mean, the same on both replicas, and the recorded curve
+    # (step 1: a fresh model's, about ln(vocab)), also with one shard per replica.
+    assert run.losses(0) == run.losses(1), (run.losses(0), run.losses(1))
+    check_loss_curve("qwen3_demo_2x1", {"train": run.losses(0)}, CURVE_TOL)
     d = run.digests(ranks=range(2))
     assert d[(0, 3)] == d[(1, 3)]
     assert run.exchange(0)[3][0] > 0
