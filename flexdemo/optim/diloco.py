@@ -21,7 +21,27 @@ sync. A replica whose cycle produced non-finite parameters (found before anythin
 agreed over its shards) sends zeros and says so in the exchange (the payload's flag byte, or
 one extra element of the dense mean); then, by ``nonfinite``, every replica skips the outer
 step alike (global copy and momentum unchanged, error feedback given back what it sent, local
-:= global: the cycle is discarded) or raises :class:`NonFiniteError`. State (``global``, outer momentum, error feedback: 12 bytes per parameter) lives on the
+:= global: the cycle is discarded) or raises :class:`NonFiniteError`. Either way every rank
+learns which replicas and parameters were non-finite (two small object all_gathers, on such a
+cycle only).
+
+A discarded cycle also **resets** the inner optimizers' state on every replica (those given by
+:meth:`set_inner_optimizers`): every state tensor is zeroed in place, which for Adam/AdamW is
+exactly a fresh state (step 0, zero moments), so the next cycle starts from finite moments
+(keeping them left the replica that blew up NaN forever: every later cycle was discarded too).
+Reset, not restore: restoring the cycle's starting moments needs a snapshot of them at every
+outer step, 8 more bytes per parameter for AdamW and a copy per outer step, on the healthy path,
+to save a few dozen steps of moment re-estimation after a rare fault; a reset costs nothing
+until it is needed, and Adam's bias correction makes a fresh state well defined (its first
+steps move each weight by about the current lr, as at a run's start). Every replica resets, not
+only the one that blew up, so that after a discarded cycle all replicas are in the same
+condition (the global copy, a fresh inner state) whichever one failed. The LR schedule goes on.
+
+``max_consecutive_skips`` (0: never) discarded cycles in a row raise :class:`RepeatedSkipsError`
+on every rank, naming the replicas and parameters: a fault that repeats every cycle (bad data,
+an inner lr that diverges) stops the run instead of letting it go on without learning.
+
+State (``global``, outer momentum, error feedback: 12 bytes per parameter) lives on the
 parameters' device, or with ``state_device="cpu"`` in (pinned) host memory, streamed through
 the device one tensor at a time.
 """
@@ -33,6 +53,7 @@ from dataclasses import dataclass
 from typing import Iterable, Literal, get_args
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from flexdemo.compression.compressor import TopkCompressor
@@ -40,10 +61,10 @@ from flexdemo.compression.exchange import (
     ExchangeTimer,
     NonFiniteError,
     Traffic,
-    any_nonfinite,
     check_replicas_agree,
     check_replicate_group,
     distributed,
+    nonfinite_flags,
     replica_mean,
     shard_group_of,
 )
@@ -57,6 +78,22 @@ COMPRESSIONS, STATE_DEVICES = get_args(Compression), get_args(StateDevice)
 DENSE_ENCODINGS, TOPK_ENCODINGS = get_args(DenseEncoding), get_args(TopkEncoding)
 _WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DENSE_BUCKET_ELEMENTS = 1 << 26  # 256 MiB of fp32 pseudo-gradient per dense exchange
+NAMES_SHOWN = 3  # parameters named per replica in a message
+
+
+class RepeatedSkipsError(NonFiniteError):
+    """``max_consecutive_skips`` updates in a row were skipped for non-finite values: raised on
+    every rank alike, naming the replicas and parameters."""
+
+
+def describe_nonfinite(who: dict[int, list[str]]) -> str:
+    """``{replica: parameter names}`` as ``replica 1 (a, b, c and 4 more)``, for messages."""
+    parts = []
+    for replica, names in sorted(who.items()):
+        more = len(names) - NAMES_SHOWN
+        shown = ", ".join(names[:NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+        parts.append(f"replica {replica}" + (f" ({shown})" if names else ""))
+    return "; ".join(parts) or "no replica"
 
 
 @dataclass
@@ -91,9 +128,10 @@ class DiLoCo:
         kernel_precision: str = "tf32x3",
         exchange_timeout: float | None = None,
         nonfinite: str = "skip",
+        max_consecutive_skips: int = 10,
     ):
         _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
-                    topk, chunk, decay, state_device)
+                    topk, chunk, decay, state_device, max_consecutive_skips)
         named = [(n, p) for n, p in named_params if p.requires_grad]
         self.sync_interval = sync_interval
         self.outer_lr, self.outer_momentum, self.nesterov = float(outer_lr), float(outer_momentum), nesterov
@@ -105,6 +143,11 @@ class DiLoCo:
             raise ValueError(f"DiLoCo: nonfinite must be 'skip' or 'stop', got {nonfinite!r}")
         self.nonfinite = nonfinite
         self.last_sync_skipped = False
+        self.max_consecutive_skips = max_consecutive_skips
+        self.skipped_syncs = 0  # discarded cycles since this object was built
+        self.consecutive_skips = 0
+        self.last_skipped_by: dict[int, list[str]] = {}  # of the last discarded cycle: replica -> names
+        self.inner_optimizers: list[torch.optim.Optimizer] = []
         self._shard_group = shard_group_of([p for _, p in named])
         check_replicate_group([p for _, p in named], replicate_group, who="DiLoCo")
 
@@ -160,6 +203,10 @@ class DiLoCo:
         self.sync()
         return True
 
+    def set_inner_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        """The optimizers of the inner steps, whose state a discarded cycle resets."""
+        self.inner_optimizers = list(optimizers)
+
     def state_bytes_per_param(self) -> int:
         return 4 * (1 + (self.outer_momentum > 0) + (self.compression == "topk"))
 
@@ -172,26 +219,72 @@ class DiLoCo:
         locals_ = [local_tensor(e.param) for e in self.entries]
         device = locals_[0].device if locals_ else torch.device("cpu")
         timer = ExchangeTimer(device)
-        bad = any_nonfinite(locals_, self._shard_group, device)
+        each, bad = nonfinite_flags(locals_, self._shard_group, device)
+        bad = bool(bad.item())
         if self.compression == "topk":
             self.last_traffic, skip = self._sync_topk(bad)
         else:
             self.last_traffic, skip = self._sync_dense(bad)
         self.last_sync_skipped = skip
         if skip:
-            if self.nonfinite == "stop":
-                here = " (here)" if bad else ""
-                raise NonFiniteError(
-                    f"DiLoCo: non-finite parameters after the inner steps on a replica{here}; stopping before the "
-                    "outer step ([flexdemo] nonfinite = \"skip\" discards such a cycle instead)"
-                )
-            for e in self.entries:  # the cycle is discarded: everyone restarts from the global copy
-                local_tensor(e.param).copy_(self._on_device(e.global_copy, local_tensor(e.param)))
+            self._discard_cycle(bad, each)
+        else:
+            self.consecutive_skips, self.last_skipped_by = 0, {}
         if self.offload and self.entries and local_tensor(self.entries[0].param).is_cuda:
             torch.cuda.current_stream().synchronize()  # host copies complete before anyone reads them
         self.inner_steps = 0
         self.outer_steps += 1
         self._sync_timer = timer.stop()
+        if skip:
+            self._stop_if_repeated()
+
+    def _discard_cycle(self, bad: bool, each: torch.Tensor) -> None:
+        """Every replica alike (the skip is agreed): back to the global copy with a fresh inner
+        optimizer state, or (``nonfinite="stop"``) raise."""
+        self.last_skipped_by = self._who_saw_it(bad, each)
+        if self.nonfinite == "stop":
+            raise NonFiniteError(
+                f"DiLoCo: non-finite parameters after the inner steps on {describe_nonfinite(self.last_skipped_by)}; "
+                "stopping before the outer step ([flexdemo] nonfinite = \"skip\" discards such a cycle instead)"
+            )
+        for e in self.entries:
+            local_tensor(e.param).copy_(self._on_device(e.global_copy, local_tensor(e.param)))
+        self._reset_inner_state()
+        self.skipped_syncs += 1
+        self.consecutive_skips += 1
+
+    def _who_saw_it(self, bad: bool, each: torch.Tensor) -> dict[int, list[str]]:
+        """Replica -> the parameters that were non-finite there (any of its shards), the same on
+        every rank: the exchange's flags say only that some replica was."""
+        mine = [e.name for e, flagged in zip(self.entries, each.tolist()) if flagged]
+        if not distributed():
+            return {0: mine} if bad else {}
+        if self._shard_group is not None:
+            order = {e.name: i for i, e in enumerate(self.entries)}
+            mine = sorted({n for names in _gather_objects(mine, self._shard_group) for n in names}, key=order.get)
+        flagged = _gather_objects((bad, mine), self.replicate_group)
+        return {replica: names for replica, (was_bad, names) in enumerate(flagged) if was_bad}
+
+    @torch.no_grad()
+    def _reset_inner_state(self) -> None:
+        """Zero every inner-optimizer state tensor in place: Adam/AdamW's fresh state exactly (step
+        0, zero moments; the same keys and shapes, so checkpoints are unchanged)."""
+        for opt in self.inner_optimizers:
+            for state in opt.state.values():
+                for key, value in state.items():
+                    if torch.is_tensor(value):
+                        value.zero_()
+                    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                        state[key] = type(value)(0)
+
+    def _stop_if_repeated(self) -> None:
+        limit = self.max_consecutive_skips
+        if limit and self.consecutive_skips >= limit:
+            raise RepeatedSkipsError(
+                f"DiLoCo: {self.consecutive_skips} outer steps in a row skipped (max_consecutive_skips = {limit}), "
+                f"the last for non-finite parameters on {describe_nonfinite(self.last_skipped_by)}: the fault "
+                "repeats every cycle (bad data? an inner lr that diverges?); stopping"
+            )
 
     def _sync_dense(self, bad: bool) -> tuple[Traffic, bool]:
         traffic = Traffic()
@@ -376,12 +469,18 @@ def _dense_buckets(entries: list[_Entry]) -> list[list[_Entry]]:
     return buckets
 
 
+def _gather_objects(obj, group) -> list:
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
 def _device_of(params) -> torch.device:
     return local_tensor(params[0]).device if params else torch.device("cpu")
 
 
 def _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
-                topk, chunk, decay, state_device) -> None:
+                topk, chunk, decay, state_device, max_consecutive_skips) -> None:
     def fail(msg):
         raise ValueError(f"DiLoCo: {msg}")
 
@@ -410,3 +509,6 @@ def _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, 
             fail(f"decay must be in [0, 1], got {decay!r}")
     if state_device not in STATE_DEVICES:
         fail(f"state_device must be one of {STATE_DEVICES}, got {state_device!r}")
+    if not (isinstance(max_consecutive_skips, int) and not isinstance(max_consecutive_skips, bool)
+            and max_consecutive_skips >= 0):
+        fail(f"max_consecutive_skips must be an int >= 0 (0: never stop), got {max_consecutive_skips!r}")

@@ -106,6 +106,12 @@ class FlexDemo:
     replica: "skip" the step on every replica alike (nothing non-finite is sent), or "stop"
     every replica with an error naming it."""
 
+    max_consecutive_skips: int = 10
+    """nonfinite = "skip": this many updates in a row skipped (steps in mode demo, outer steps in
+    the DiLoCo modes) stop every rank with an error naming the replicas and parameters: a fault
+    that repeats (bad data every step or cycle) ends the run instead of training on without
+    learning. 0 = never stop."""
+
     exchange_timeout_seconds: float = 0.0
     """Seconds an exchange over the replica group may take before the run stops with an error
     naming the group (a stalled or dead peer); 0 = the process group's own timeout
@@ -196,6 +202,8 @@ def check_section(c: FlexDemo) -> None:
         _fail(f"weight_decay={c.weight_decay!r}; expected >= 0")
     if not isinstance(c.replica_check_interval, int) or c.replica_check_interval < 0:
         _fail(f"replica_check_interval={c.replica_check_interval!r}; expected an integer >= 0")
+    if not isinstance(c.max_consecutive_skips, int) or c.max_consecutive_skips < 0:
+        _fail(f"max_consecutive_skips={c.max_consecutive_skips!r}; expected an integer >= 0 (0 = never stop)")
     if not 0.0 <= float(c.exchange_timeout_seconds) < float("inf"):
         _fail(f"exchange_timeout_seconds={c.exchange_timeout_seconds!r}; expected a finite number >= 0")
     _check_outer(c)
@@ -279,9 +287,9 @@ def validate_job_config(job_config, world_size: int | None) -> None:
 
 # [flexdemo] keys each mode reads (mode itself and the replica check: all of them).
 _DEMO_KEYS = ("topk", "chunk", "decay", "value_encoding", "weight_decay", "overlap", "kernel_precision",
-              "init_sync", "exchange_timeout_seconds", "nonfinite")
+              "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips")
 _OUTER_KEYS = ("sync_interval", "outer_lr", "outer_momentum", "outer_nesterov", "outer_value_encoding",
-               "outer_state_device", "init_sync", "exchange_timeout_seconds", "nonfinite")
+               "outer_state_device", "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips")
 _KEYS_USED = {
     "demo": _DEMO_KEYS,
     "diloco": _OUTER_KEYS,

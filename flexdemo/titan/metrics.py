@@ -1,8 +1,9 @@
 """build_metrics_processor_fn: torchtitan's MetricsProcessor + replica-exchange metrics.
 
 The extra numbers (bytes sent/received over dp_replicate this step and in total,
-exchange time) go to TensorBoard/W&B through torchtitan's ``extra_metrics`` and to the
-console as one line printed right after torchtitan's own step line.
+exchange time, updates skipped for non-finite values so far) go to TensorBoard/W&B through
+torchtitan's ``extra_metrics`` and to the console as one line printed right after
+torchtitan's own step line.
 """
 
 from typing import Any
@@ -53,7 +54,10 @@ def format_exchange_line(step: int, s: dict[str, Any]) -> str:
     )
     if modelled:
         return line + "  (modelled ring all-reduce of HSDP/DDP, mode=off)"
-    return line + f"  exchange_ms: {1e3 * s['replica_exchange/exchange(s)']:.1f}"
+    line += f"  exchange_ms: {1e3 * s['replica_exchange/exchange(s)']:.1f}"
+    if "replica_exchange/skipped_steps" in s:  # updates skipped for non-finite values, cumulative
+        line += f"  skipped_steps: {s['replica_exchange/skipped_steps']}"
+    return line
 
 
 def build_flexdemo_metrics_processor(job_config, parallel_dims, model_args=None, tag=None):

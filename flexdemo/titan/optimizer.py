@@ -11,6 +11,11 @@ All return a torchtitan ``OptimizersContainer`` subclass, so LR schedulers, DCP
 checkpoints (flattened optimizer state dicts), step hooks and metrics work unchanged.
 The container adds: per-step/cumulative replica-exchange accounting, the periodic
 replica-identity check, and (DiLoCo modes) the outer step and its checkpointed state.
+
+Skipped updates (a non-finite gradient in mode demo, a discarded cycle in the DiLoCo modes) are
+logged, counted (``replica_exchange/skipped_steps``), and ``max_consecutive_skips`` of them in a
+row stop every rank with an error naming the replicas and parameters. DiLoCo counts its own
+outer steps; the per-step count is kept here.
 """
 
 import time
@@ -25,7 +30,8 @@ from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
-from flexdemo.optim.diloco import DiLoCo
+from flexdemo.local import local_tensor
+from flexdemo.optim.diloco import DiLoCo, RepeatedSkipsError, describe_nonfinite
 
 from . import replicas as rep
 from .checkpoint_format import Resume, format_key, format_tag, plan_resume
@@ -71,9 +77,17 @@ class FlexOptimizersContainer(OptimizersContainer):
         resume: Resume | None = None,
         outer: DiLoCo | None = None,
         last_step: int | None = None,
+        max_consecutive_skips: int = 0,
     ) -> None:
         super().__init__(model_parts, optimizer_cls, optimizer_kwargs)
         self.outer = outer
+        if outer is not None:
+            outer.set_inner_optimizers(self.optimizers)  # a discarded cycle resets their state
+        self.max_consecutive_skips = max_consecutive_skips
+        self.skipped_steps_total = 0  # per-step mode: skipped steps learned of so far
+        self._skips_to_count: dict[int, set[int]] = {}  # skipped steps beyond the counted ones
+        self._counted_through = 0  # every step up to this one is in the streak below
+        self._skip_streak: list[tuple[int, set[int]]] = []  # (step, replicas) of the last skips in a row
         self.last_step = last_step
         self.format_key = format_key
         self.resume = resume  # until the checkpoint is loaded: how its keys map onto this run
@@ -152,11 +166,69 @@ class FlexOptimizersContainer(OptimizersContainer):
             elif getattr(o, "last_step_skipped_by", []):
                 skipped.setdefault(self.step_count, set()).update(o.last_step_skipped_by)
         for step, replicas in sorted(skipped.items()):
+            self.skipped_steps_total += 1
             logger.warning(f"flexdemo: step {step}'s update skipped on every replica: a non-finite "
-                           f"gradient on replica(s) {sorted(replicas)}")
+                           f"gradient on replica(s) {sorted(replicas)} ({self.skipped_steps_total} skipped so far)")
+        self._skips_to_count.update(skipped)
+        # After step t every rank knows of every skipped step up to t - 1 (DeMo reads a step's
+        # flags when the next one starts), of step t only maybe: counting up to t - 1 makes all
+        # ranks stop at the same step (one stopping earlier would leave the others waiting in
+        # the next exchange). The run's last step waited for its own flags.
+        self._count_consecutive_skips(self.step_count if last else self.step_count - 1)
         if self.outer is not None and self.outer.last_sync_skipped and self.outer.inner_steps == 0:
-            logger.warning(f"flexdemo: outer step after step {self.step_count} skipped on every replica: non-finite "
-                           "parameters on a replica; every replica restarts from the global copy")
+            self._report_discarded_cycle()
+
+    def _report_discarded_cycle(self) -> None:
+        o = self.outer
+        logger.warning(
+            f"flexdemo: outer step after step {self.step_count} skipped on every replica ({o.skipped_syncs} "
+            f"skipped so far, {o.consecutive_skips} in a row): non-finite parameters on "
+            f"{describe_nonfinite(o.last_skipped_by)}; every replica restarts from the global copy "
+            "with a fresh inner optimizer state"
+        )
+
+    def _count_consecutive_skips(self, through: int) -> None:
+        for step in range(self._counted_through + 1, through + 1):
+            replicas = self._skips_to_count.pop(step, None)
+            if replicas is None:
+                self._skip_streak = []
+            else:
+                self._skip_streak.append((step, replicas))
+        self._counted_through = max(self._counted_through, through)
+        limit = self.max_consecutive_skips
+        if limit and len(self._skip_streak) >= limit:
+            self._stop_repeated_skips()
+
+    def _stop_repeated_skips(self) -> None:
+        """Raise on every rank (all reach this at the same step) naming the replicas that flagged
+        the skipped steps and, where this step's gradients are non-finite again, the parameters."""
+        first, last = self._skip_streak[0][0], self._skip_streak[-1][0]
+        replicas = sorted(set().union(*(r for _, r in self._skip_streak)))
+        who = self._nonfinite_gradients()
+        now = (f"; at step {self.step_count} non-finite gradients on {describe_nonfinite(who)}" if who
+               else f"; step {self.step_count}'s gradients are finite")
+        raise RepeatedSkipsError(
+            f"flexdemo: {len(self._skip_streak)} steps in a row ({first}..{last}) skipped on every replica "
+            f"(max_consecutive_skips = {self.max_consecutive_skips}): a non-finite gradient on replica(s) "
+            f"{replicas}{now}; the fault repeats (bad data? a diverging lr?): stopping"
+        )
+
+    def _nonfinite_gradients(self) -> dict[int, list[str]]:
+        """Replica -> the parameters whose gradient (this step's, still in ``.grad``) is non-finite
+        on any of its ranks, gathered from every rank. After gradient clipping one non-finite
+        gradient makes all of that replica's non-finite (the clip factor is NaN)."""
+        mine = [name for part in self.model_parts for name, p in part.named_parameters()
+                if p.grad is not None and not torch.isfinite(local_tensor(p.grad)).all()]
+        everyone = [(self.replica, mine)]
+        if dist.is_initialized():
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, (self.replica, mine))
+        order = {name: i for i, (name, _) in enumerate(self.model_parts[0].named_parameters())}
+        who: dict[int, set[str]] = {}
+        for replica, names in everyone:
+            if names:
+                who.setdefault(replica, set()).update(names)
+        return {r: sorted(names, key=lambda n: order.get(n, len(order))) for r, names in who.items()}
 
     def _overlapped(self):
         return [o for o in self.optimizers if getattr(o, "overlap", False)]
@@ -214,6 +286,9 @@ class FlexOptimizersContainer(OptimizersContainer):
             f"replica_exchange/bytes_received_total{tag}": self.bytes_received_total,
             "replica_exchange/optimizer_step(s)": self.last_step_seconds,
         }
+        if not tag:  # flexdemo's own exchange: updates it skipped (DiLoCo modes: outer steps)
+            skipped = self.outer.skipped_syncs if self.outer is not None else self.skipped_steps_total
+            stats["replica_exchange/skipped_steps"] = skipped
         seconds = self.last_exchange_seconds
         if seconds is not None:
             stats["replica_exchange/exchange(s)"] = seconds
@@ -280,7 +355,7 @@ class FlexOptimizersContainer(OptimizersContainer):
             state_dict = {_swap_prefix(k, self.replica_prefix, STATE_PREFIX): v for k, v in state_dict.items()}
         super().load_state_dict(state_dict)
         if step is not None:
-            self.step_count = int(step.item())
+            self.step_count = self._counted_through = int(step.item())
         if counted is not None:
             self.bytes_sent_total, self.bytes_received_total = (int(x) for x in counted.tolist())
 
@@ -428,6 +503,7 @@ def build_flexdemo_optimizers(
         modelled_bytes_per_step=None,
         per_replica_state=True,
         last_step=job_config.training.steps,
+        max_consecutive_skips=cfg.max_consecutive_skips,
         **checkpoint,
     )
 
@@ -463,6 +539,7 @@ def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cf
         kernel_precision=cfg.kernel_precision,
         exchange_timeout=cfg.exchange_timeout_seconds or None,
         nonfinite=cfg.nonfinite,
+        max_consecutive_skips=cfg.max_consecutive_skips,
     )
     cls, kwargs = _adam_kwargs(optimizer_config, cfg.mode)
     compression = (
