@@ -78,6 +78,7 @@ def test_users_own_tokenizer_is_used(tmp_path, assets):
     log = run.rank_lines(0)
     assert f"tokenizer: {own} ({ids} ids)" in " ".join(log)
     assert "holds no tokenizer" not in run.output  # nothing replaced what the config names
+    assert "flexdemo: DCT blocks per rank: 64x64 top-32:" in " ".join(log)  # the start-up summary
     losses = run.losses(0)
     assert sorted(losses) == list(range(1, STEPS + 1)) and all(math.isfinite(v) for v in losses.values())
     d = run.digests()

@@ -30,6 +30,7 @@ from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
+from flexdemo.compression.plan import describe_blocks
 from flexdemo.local import local_tensor
 from flexdemo.optim.diloco import DiLoCo, RepeatedSkipsError, describe_nonfinite
 
@@ -114,6 +115,9 @@ class FlexOptimizersContainer(OptimizersContainer):
         compressors = [getattr(o, "compressor", None) for o in self.optimizers]
         compressors.append(outer.compressor if outer is not None else None)
         self.uses_fused_kernels = any(c is not None and c.uses_fused_kernels for c in compressors)
+        for c in compressors:  # every rank: its shard's blocks, which uneven shards make differ
+            if c is not None:
+                logger.info(f"flexdemo: {describe_blocks(c.buckets, c.encoding)}")
         names = {id(p): name for part in model_parts for name, p in part.named_parameters()}
         for opt in self.optimizers:
             if hasattr(opt, "param_names"):
