@@ -28,6 +28,7 @@ from typing import Literal, get_args
 
 import torch
 
+from flexdemo.compression.agreement import check_settings_agree, compressor_settings
 from flexdemo.compression.codec import (
     check_encoding,
     compress,
@@ -40,7 +41,6 @@ from flexdemo.compression.dct import blocks_idct
 from flexdemo.compression.exchange import (
     ExchangeTimer,
     Traffic,
-    check_replicas_agree,
     distributed,
     gather_payloads,
     wait_for,
@@ -128,7 +128,8 @@ class HostFlags:
 class TopkCompressor:
     """Compression of a fixed set of tensors (one list per param group, with its chunk and
     top-k), exchanged over ``replicate_group``. Every replica rank must build it for the same
-    local layout; that is checked once here, with one small all_gather."""
+    local layout and decode alike: that, and the caller's own ``agree`` settings, is checked once
+    here, with one small all_gather (:mod:`flexdemo.compression.agreement`)."""
 
     def __init__(
         self,
@@ -142,6 +143,7 @@ class TopkCompressor:
         kernel_precision: str = "tf32x3",
         timeout: float | None = None,
         who: str = "compression",
+        agree: dict[str, str] | None = None,
     ):
         check_encoding(encoding)
         if kernel_precision not in KERNEL_PRECISIONS:
@@ -165,11 +167,9 @@ class TopkCompressor:
         self.device = local_tensor(flat[0]).device if flat else torch.device("cpu")
         self.last_traffic = Traffic()
         self._timer: ExchangeTimer | None = None
-        if distributed():
-            signature = ";".join(
-                f"{shape}:{dtype}:{topks[g]}:{chunks[g]}" for g, es in enumerate(entries) for _, shape, dtype in es
-            )
-            check_replicas_agree(f"{signature}|{encoding}", len(flat), replicate_group, self.device, who)
+        if distributed():  # the caller's settings (``agree``) and everything that changes the decoded bits
+            settings = compressor_settings(self.buckets, entries, encoding, kernel_precision, self.device)
+            check_settings_agree(who, {**(agree or {}), **settings}, replicate_group, self.device)
 
     @property
     def uses_fused_kernels(self) -> bool:

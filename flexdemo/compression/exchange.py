@@ -1,6 +1,6 @@
 """Collectives over the replica group (the slow link): the packed all_gather of compressed
-payloads, the dense replica mean of the DiLoCo baseline, the layout agreement check, and a
-timer that does not sync the host.
+payloads, the dense replica mean of the DiLoCo baseline, the replicate group's layout check, and a
+timer that does not sync the host (the replicas' settings agreement: :mod:`.agreement`).
 
 Every function here gives every rank of the group the same bits: the all_gather copies bytes,
 and the dense mean is summed in rank order by one owner per chunk, then copied to everyone.
@@ -8,7 +8,6 @@ and the dense mean is summed in rank order by one owner per chunk, then copied t
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -148,28 +147,6 @@ def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype,
     # all_to_all: the other replicas' chunks leave and arrive; all_gather: own mean leaves, others arrive.
     traffic = Traffic(sent=share + chunk * elem, received=2 * share)
     return gathered[:n].to(flat.dtype), traffic
-
-
-def check_replicas_agree(signature: str, count: int, group, device: torch.device, who: str) -> None:
-    """Every replica rank must exchange the same layout (shapes, dtypes, settings), or the bytes
-    it receives would be decoded as garbage: compare a digest of ``signature`` once, at start."""
-    if not distributed():
-        return
-    digest = hashlib.sha256(signature.encode()).digest()[:7]
-    mine = torch.tensor([count, int.from_bytes(digest, "little")], dtype=torch.int64, device=device)
-    world = group_size(group)
-    gathered = torch.empty(world * 2, dtype=torch.int64, device=device)
-    all_gather_flat(gathered, mine, group=group)
-    rows = gathered.view(-1, 2).tolist()
-    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-    for r, row in enumerate(rows):
-        if row != rows[0]:
-            raise ValueError(
-                f"{who}: ranks {ranks[0]} and {ranks[r]} of the replicate group hold different local "
-                f"parameter shapes/dtypes/settings ({rows[0][0]} vs {row[0]} tensors); every replica "
-                "must shard the model identically"
-            )
-
 
 
 def check_replicate_group(params, group, who: str) -> None:

@@ -56,12 +56,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from flexdemo.compression.agreement import check_settings_agree, dense_settings, diloco_settings
 from flexdemo.compression.compressor import TopkCompressor
 from flexdemo.compression.exchange import (
     ExchangeTimer,
     NonFiniteError,
     Traffic,
-    check_replicas_agree,
     check_replicate_group,
     distributed,
     nonfinite_flags,
@@ -160,17 +160,17 @@ class DiLoCo:
         self._sync_timer: ExchangeTimer | None = None  # the whole last outer step
 
         params = [e.param for e in self.entries]
+        agree = diloco_settings(compression, value_encoding, sync_interval, outer_lr, outer_momentum, nesterov)
         if compression == "topk":
             self.compressor = TopkCompressor([params], [chunk], [topk], value_encoding, replicate_group,
                                              fused=fused, kernel_precision=kernel_precision,
-                                             timeout=exchange_timeout, who="DiLoCo")
+                                             timeout=exchange_timeout, who="DiLoCo", agree=agree)
             self._member_entry = {id(e.param): e for e in self.entries}
         else:
             self.compressor = None
             if distributed():
-                signature = ";".join(f"{tuple(local_tensor(p).shape)}:{p.dtype}" for p in params)
-                check_replicas_agree(f"{signature}|dense:{value_encoding}", len(params), replicate_group,
-                                     _device_of(params), "DiLoCo")
+                check_settings_agree("DiLoCo", {**agree, **dense_settings(params)}, replicate_group,
+                                     _device_of(params))
 
     # -- state ------------------------------------------------------------------------------
 

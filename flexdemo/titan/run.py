@@ -6,6 +6,8 @@ Same CLI as ``python -m torchtitan.train``.  Before torchtitan starts it
    clear message before any process group or model exists.
 Then it runs torchtitan's stock trainer main with flexdemo's FlexTrainer (torchtitan's
 Trainer, whose per-step token count stays inside a replica: flexdemo/titan/trainer.py).
+Replicas that disagree on a setting of the exchange (flexdemo.compression.agreement) end the
+same way as a bad config: one line, exit code 2.
 """
 
 import os
@@ -53,12 +55,21 @@ def check_config_or_exit(argv: list[str], world_size: int | None):
         _exit_config_error(f"config error: {e}")
 
 
-def _exit_config_error(msg: str) -> None:
+def _exit_config_error(msg: str, process_group_up: bool = False) -> None:
+    if process_group_up:
+        # torchtitan's Trainer.__init__ is wrapped in torch elastic's @record, which has written this
+        # rank's traceback for torchrun's summary: the one line below says it instead. Removed
+        # first: torchrun stops the other ranks as soon as rank 0 exits.
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if error_file and os.path.exists(error_file):
+            os.remove(error_file)
     if os.environ.get("RANK", "0") == "0":  # one line per job, not one per rank
         print(f"flexdemo: {msg}", file=sys.stderr, flush=True)
     else:
         # torchrun stops the other ranks as soon as one exits: let rank 0 say why first.
         time.sleep(RANK0_GRACE_SECONDS)
+    if process_group_up:
+        cpu_shim.exit_without_teardown(CONFIG_ERROR_EXIT)  # no teardown: a live gloo thread can abort it
     sys.exit(CONFIG_ERROR_EXIT)
 
 
@@ -84,10 +95,15 @@ def main(argv: list[str] | None = None) -> None:
 
     from torchtitan.train import main as titan_main
 
+    from flexdemo.compression.agreement import ReplicaSettingsMismatch
+
     from .trainer import FlexTrainer
 
     sys.argv = [sys.argv[0], *argv]
-    titan_main(FlexTrainer)
+    try:
+        titan_main(FlexTrainer)
+    except ReplicaSettingsMismatch as e:  # raised on every rank alike, before training: one line, exit 2
+        _exit_config_error(str(e), process_group_up=True)
     if cpu_shim.active():
         cpu_shim.exit_without_teardown(0)  # errors never get here: they raise out of titan_main
 
