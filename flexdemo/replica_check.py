@@ -30,8 +30,9 @@ class ReplicaMismatchError(RuntimeError):
         super().__init__(f"replicas diverged: parameter {name!r} differs {where}; stopping")
 
 
-def tensor_hash(t: torch.Tensor) -> torch.Tensor:
-    """An int64 hash of ``t``'s exact bits and positions (0-d tensor on ``t``'s device).
+def tensor_hash(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """An int64 hash of ``t``'s exact bits and positions (0-d tensor on ``device``, default
+    ``t``'s own; a host tensor is hashed there chunk by chunk, the same value).
 
     Bits are read as integers and summed with position-dependent odd weights; int64
     arithmetic wraps, which is exact modular arithmetic, so the result does not depend on
@@ -40,10 +41,11 @@ def tensor_hash(t: torch.Tensor) -> torch.Tensor:
     flat = local_tensor(t).detach().reshape(-1)
     if flat.is_floating_point() or flat.is_complex():
         flat = flat.view(_INT_VIEW[flat.element_size()])
-    total = torch.zeros((), dtype=torch.int64, device=flat.device)
+    device = flat.device if device is None else torch.device(device)
+    total = torch.zeros((), dtype=torch.int64, device=device)
     for start in range(0, flat.numel(), _CHUNK):
-        part = flat[start : start + _CHUNK].to(torch.int64)
-        pos = torch.arange(start, start + part.numel(), dtype=torch.int64, device=flat.device)
+        part = flat[start : start + _CHUNK].to(device, non_blocking=True).to(torch.int64)
+        pos = torch.arange(start, start + part.numel(), dtype=torch.int64, device=device)
         weights = pos * 2654435761 + 0x9E3779B97F4A7C1  # odd multiplier mixes positions
         total += (part * (weights | 1)).sum()
     return total + flat.numel()
@@ -64,7 +66,9 @@ def check_replicas_identical(
     if not dist.is_initialized() or not named:
         return None
     device = local_tensor(named[0][1]).device
-    hashes = torch.stack([tensor_hash(t).to(device) for _, t in named])
+    # On the first tensor's device (the GPU): host tensors such as DiLoCo's offloaded state are
+    # hashed there too: on an H100 host ~50x faster than by 16 CPU threads (docs/results/replica_check_h100).
+    hashes = torch.stack([tensor_hash(t, device) for _, t in named])
     size = dist.get_world_size(group)
     gathered = torch.empty(size * len(named), dtype=torch.int64, device=device)
     all_gather_flat(gathered, hashes, group=group)

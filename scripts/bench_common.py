@@ -1,4 +1,4 @@
-"""What the codec benchmarks share: the llama3-8B tensor set, timing, CLI and output."""
+"""What the codec benchmarks share: the llama3-8B and -1B tensor sets, timing, CLI and output."""
 
 from __future__ import annotations
 
@@ -19,6 +19,19 @@ def llama3_8b_shapes(layers: int, embeddings: bool) -> list[tuple[int, ...]]:
     shapes = layer * layers + [(DIM,)]
     if embeddings:
         shapes += [(VOCAB, DIM), (VOCAB, DIM)]
+    return shapes
+
+
+# llama3 1B (16 layers, dim 2048, 512-wide K/V, FFN 8192) with an untied 128,256-token vocabulary:
+# 1.50 B parameters.
+DIM_1B, LAYERS_1B, FFN_1B, KV_1B = 2048, 16, 8192, 512
+
+
+def llama3_1b_shapes() -> list[tuple[int, ...]]:
+    shapes = [(VOCAB, DIM_1B), (VOCAB, DIM_1B), (DIM_1B,)]  # embeddings, output, final norm
+    for _ in range(LAYERS_1B):
+        shapes += [(DIM_1B, DIM_1B), (KV_1B, DIM_1B), (KV_1B, DIM_1B), (DIM_1B, DIM_1B),  # wq wk wv wo
+                   (FFN_1B, DIM_1B), (DIM_1B, FFN_1B), (FFN_1B, DIM_1B), (DIM_1B,), (DIM_1B,)]  # w1 w2 w3, norms
     return shapes
 
 

@@ -22,17 +22,8 @@ from pathlib import Path
 
 import torch
 
+from bench_common import llama3_1b_shapes
 from flexdemo import DeMo
-
-DIM, LAYERS, FFN, KV_DIM, VOCAB = 2048, 16, 8192, 512, 128256
-
-
-def llama3_1b_shapes() -> list[tuple[int, ...]]:
-    shapes = [(VOCAB, DIM), (VOCAB, DIM), (DIM,)]  # embeddings, output, final norm
-    for _ in range(LAYERS):
-        shapes += [(DIM, DIM), (KV_DIM, DIM), (KV_DIM, DIM), (DIM, DIM),  # wq wk wv wo
-                   (FFN, DIM), (DIM, FFN), (FFN, DIM), (DIM,), (DIM,)]  # w1 w2 w3, two norms
-    return shapes
 
 
 def timed(fn, iters: int) -> float:
