@@ -125,7 +125,9 @@ def test_topk_bytes_are_the_payload_formula():
         key = (L.n1, L.n2, min(8, L.block_numel))
         buckets[key] = buckets.get(key, 0) + L.num_blocks
     for (n1, n2, k), blocks in buckets.items():
-        expected += math.ceil(blocks * k * (n1 * n2 - 1).bit_length() / 8) + math.ceil(blocks * k / 8) + 4 * blocks
+        voter_counts = math.ceil(blocks * k.bit_length() / 8)  # 0..k voters per block: bits_for(k + 1)
+        expected += (math.ceil(blocks * k * (n1 * n2 - 1).bit_length() / 8) + math.ceil(blocks * k / 8)
+                     + voter_counts + 4 * blocks)
     expected += 1  # the flag byte
     assert expected < sum(payload_nbytes(block_layout(s, 64), 8, "fp32") for s in SHAPES)
     for traffic, nbytes in run_ranks(_payload_bytes, 2):
