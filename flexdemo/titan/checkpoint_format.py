@@ -13,7 +13,11 @@ no tensors) and
   inner optimizer's state) when the number of replicas changed: replica ``r`` of the new run
   takes saved replica ``r mod R_saved``'s own state (2 -> 4: replicas 2 and 3 start from copies
   of 0 and 1; 4 -> 2: the state of replicas 2 and 3 is dropped, as if those nodes had left);
-* lets DCP reshard everything kept as DTensors when the number of shards changed.
+* lets DCP reshard everything kept as DTensors when the number of shards changed;
+* where the data-parallel world size (replicas x shards, what torchtitan's dataloader is built
+  for) changed: flexdemo's corpora reshard their position (flexdemo.data.dataloader), any other
+  dataset is refused here, before any rank starts (torchtitan's ParallelAwareDataloader cannot
+  reshard: it stops with an assertion when the world shrinks, a missing key when it grows).
 
 Per-rank byte counters restart from zero when the world size changed (the step count goes on);
 an exchange in flight (overlap) resumes on the same topology only.
@@ -91,7 +95,9 @@ def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | 
     path = checkpoint_to_resume(job_config)
     if path is None:
         return None
-    keys = {k[len("optimizer."):] for k in saved_keys(path) if k.startswith("optimizer.")}
+    every_key = saved_keys(path)
+    _check_data_position(job_config, path, every_key, replicas, shards, error)
+    keys = {k[len("optimizer."):] for k in every_key if k.startswith("optimizer.")}
     switch = (f"to continue from its weights with other settings or another optimizer, start a fresh "
               f"dump folder with --checkpoint.initial_load_path {path} --checkpoint.initial_load_model_only")
     if not keys:
@@ -107,3 +113,21 @@ def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | 
         raise error(f"checkpoint {path} holds an exchange in flight (overlap) of {saved_replicas} replicas x "
                     f"{saved_shards} shards; resume it on that topology")
     return Resume(path, formats[0].group(0).removeprefix("optimizer."), saved_replicas, saved_shards, keys)
+
+
+def _check_data_position(job_config, path: str, every_key: set[str], replicas: int, shards: int, error) -> None:
+    """A checkpoint's data position loads where the data-parallel world size is the one it was
+    written by, or the dataset is one of flexdemo's (which reshard it); raise ``error`` otherwise."""
+    from flexdemo.data.dataloader import is_embedded_dataset, saved_data_parallel_ranks
+
+    if "dataloader" in (job_config.checkpoint.exclude_from_loading or []):
+        return
+    saved = saved_data_parallel_ranks(every_key)
+    dp = replicas * shards // max(1, job_config.parallelism.context_parallel_degree)
+    if saved and saved != dp and not is_embedded_dataset(job_config.training.dataset):
+        raise error(
+            f"checkpoint {path} holds the data position of {saved} data-parallel ranks, this run has {dp} "
+            f"(replicas x shards): torchtitan's dataloader for dataset {job_config.training.dataset!r} cannot "
+            f"reshard it. Resume on {saved} data-parallel ranks, or add --checkpoint.exclude_from_loading "
+            "dataloader to restart the data from its beginning (samples are then read again)"
+        )
