@@ -49,14 +49,15 @@ def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool
     if kernel == "encode":
         fn = encode._encode_kernel
         sig = {"delta_ptr": "*fp32", "grad_ptr": "*fp32", "skip_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32",
-               "idx_ptr": "*i32", "vals_ptr": "*fp32", "lr": "fp32", "decay": "fp32", "C": "i32",
+               "idx_ptr": "*i32", "vals_ptr": "*fp32", "lr": "fp32", "decay": "fp32", "R": "i32", "C": "i32",
                "blocks_per_row": "i32"}
-        consts = dict(**blocks, HAS_GRAD=True, VALUES=0, PREC=precision, **plan, BRACKET=bracket, SKIP_FLAG=True)
+        consts = dict(**blocks, HAS_GRAD=True, VALUES=0, PREC=precision, **plan, BRACKET=bracket, SKIP_FLAG=True,
+                      PARTIAL=False)
     else:
         fn = decode._mean_decode_kernel
         sig = {"param_ptr": "*fp32", "idx_ptr": "*i32", "vals_ptr": "*fp32", "f1_ptr": "*fp32", "f2_ptr": "*fp32",
-               "lr": "fp32", "C": "i32", "blocks_per_row": "i32", "num_blocks": "i32", "W": "i32"}
-        consts = dict(**blocks, KP=plan["KP"], KC=plan["KC"], PREC=precision)
+               "lr": "fp32", "R": "i32", "C": "i32", "blocks_per_row": "i32", "num_blocks": "i32", "W": "i32"}
+        consts = dict(**blocks, KP=plan["KP"], KC=plan["KC"], PREC=precision, PARTIAL=False)
     sig.update({name: "constexpr" for name in consts})
     names = list(fn.arg_names)  # constexprs are keyed by their position in the kernel's signature
     assert sorted(names) == sorted(sig), (names, list(sig))

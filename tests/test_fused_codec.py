@@ -105,9 +105,9 @@ def test_encode_without_grad_and_bf16_error_feedback_differs():
 
 def test_kept_zeros_come_after_the_voters_and_cast_no_vote():
     # Blocks of 4 x 2 whose two columns are equal: the second DCT column is (a - a) / sqrt(2),
-    # exactly 0, so each block has 4 non-zero coefficients and top-6 keeps 2 zeros. The encode
-    # puts the voters first, then the zeros; packed and unpacked, the zeros read as index -1 /
-    # value 0 (no vote), the same on both paths, in every encoding. The second block is all zero.
+    # exactly 0, so each block has 4 non-zero coefficients and top-6 keeps 2 zeros. The pack
+    # sends the voters first, then the zeros; unpacked, the zeros read as index -1 / value 0
+    # (no vote), the same on both paths, in every encoding. The second block is all zero.
     layout = block_layout((8, 2), 4)
     rows = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.0, 0.0, 0.0, 0.0])
     d = rows[:, None].expand(8, 2).contiguous()
@@ -115,8 +115,12 @@ def test_kept_zeros_come_after_the_voters_and_cast_no_vote():
         ref_d, ref_idx, ref_vals = _torch_encode(d, None, layout, 6, encoding)
         got_d = d.clone()
         idx, vals = fc.fused_encode(got_d, None, LR, DECAY, layout, 6, encoding)
-        assert torch.all(vals[0, :4] != 0) and torch.all(vals[0, 4:] == 0) and torch.all(vals[1] == 0), encoding
-        assert idx[0, :4].tolist() == [0, 2, 4, 6], encoding  # the even (first-column) coefficients vote
+        # ascending: the even (first-column) coefficients, which vote, and the two lowest zeros
+        assert idx[0].tolist() == [0, 1, 2, 3, 4, 6], encoding
+        assert torch.equal(vals[0] != 0, torch.tensor([True, False, True, False, True, True])), encoding
+        assert torch.all(vals[1] == 0), encoding
+        v_idx, v_vals = fc.fused_voters_first(idx, vals)  # what the pack sends: voters first
+        assert v_idx[0].tolist() == [0, 2, 4, 6, 1, 3] and torch.equal(v_vals[0, :4], vals[0, [0, 2, 4, 5]]), encoding
         torch.testing.assert_close(got_d, ref_d, rtol=0, atol=1e-6)
         payload = fc.fused_pack_payload(idx, vals, 8, encoding)
         # The torch path's payload (its slots in another order) decodes to the same votes.
@@ -125,8 +129,9 @@ def test_kept_zeros_come_after_the_voters_and_cast_no_vote():
         assert sorted(r_idx[0, 0].tolist()) == [-1, -1, 0, 2, 4, 6] and r_idx[0, 1].tolist() == [-1] * 6, encoding
         u_idx, u_vals = fc.fused_unpack_payload(payload.unsqueeze(0), 2, 6, 8, encoding)
         t_idx, t_vals = unpack_payload(payload.unsqueeze(0), 2, 6, 8, encoding, torch.float32)
-        assert u_idx[0].tolist() == [[0, 2, 4, 6, -1, -1], [-1] * 6] == t_idx[0].tolist(), encoding
-        assert torch.equal(u_vals, t_vals) and torch.all(u_vals[0, :, 4:] == 0), encoding
+        assert torch.equal(u_idx, t_idx.to(torch.int32)), encoding
+        assert sorted(u_idx[0, 0].tolist()) == [-1, -1, 0, 2, 4, 6] and u_idx[0, 1].tolist() == [-1] * 6, encoding
+        assert torch.equal(u_vals, t_vals) and torch.equal(u_vals == 0, u_idx == -1), encoding
 
 
 def test_ties_take_lowest_indices():

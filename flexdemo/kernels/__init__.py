@@ -14,7 +14,7 @@ from flexdemo.kernels.decode import (
     fused_mean_decode_update_many,
 )
 from flexdemo.kernels.encode import fused_encode, fused_encode_many
-from flexdemo.kernels.pack import fused_pack_payload, fused_unpack_payload
+from flexdemo.kernels.pack import fused_pack_payload, fused_unpack_payload, fused_voters_first
 from flexdemo.kernels.tables import group_block_offsets, group_key
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "fused_mean_decode_update_many",
     "fused_mean_decode_many",
     "fused_pack_payload",
+    "fused_voters_first",
     "fused_unpack_payload",
     "group_key",
     "group_block_offsets",

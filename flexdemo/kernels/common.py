@@ -269,24 +269,30 @@ if HAVE_TRITON:
 
     @triton.jit
     def block_offsets(b, R, C, blocks_per_row, N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr,
-                      P2: tl.constexpr):
+                      P2: tl.constexpr, PARTIAL: tl.constexpr):
         # Block b of a row-major [lead, R, C] tensor, blocks numbered row-major over (lead,
         # ceil(R / N1), ceil(C / N2)): the offset of its first element (int64: tensors may exceed
         # 2**31 elements), its elements' offsets from there (int32: P1 * C < 2**31 is checked by
         # fused_supported, so there is no 64-bit math per element), `valid` (the elements inside
-        # the tensor: loads and stores) and `inblock` (the N1 x N2 coefficient positions; a
-        # block at the tensor's edge is partial, and the DCT sees it zero-padded).
+        # the tensor: loads and stores) and `inblock` (the N1 x N2 coefficient positions). With
+        # PARTIAL (some tensor of the launch is not a whole number of blocks) a block at the
+        # tensor's edge may be partial, and the DCT sees it zero-padded; without it the masks are
+        # compile-time constants, so the loads stay unmasked and vectorized.
         r = tl.arange(0, P1)
         c = tl.arange(0, P2)
         bi = b // blocks_per_row
         bj = b - bi * blocks_per_row
-        row_blocks = (R + N1 - 1) // N1
-        lead = bi // row_blocks
-        row0 = (bi - lead * row_blocks) * N1
-        base = (lead.to(tl.int64) * R + row0) * C + bj * N2
         offs = r[:, None] * C + c[None, :]
         inblock = (r[:, None] < N1) & (c[None, :] < N2)
-        valid = inblock & (row0 + r[:, None] < R) & (bj * N2 + c[None, :] < C)
+        valid = inblock
+        if PARTIAL:
+            row_blocks = (R + N1 - 1) // N1
+            lead = bi // row_blocks
+            row0 = (bi - lead * row_blocks) * N1
+            base = (lead.to(tl.int64) * R + row0) * C + bj * N2
+            valid = inblock & (row0 + r[:, None] < R) & (bj * N2 + c[None, :] < C)
+        else:
+            base = (bi * N1).to(tl.int64) * C + bj * N2
         return base, offs, valid, inblock, r, c
 
     @triton.jit

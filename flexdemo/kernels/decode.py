@@ -51,9 +51,10 @@ if HAVE_TRITON:
     def _decode_kernel(
         param_ptr, mean_ptr, f1_ptr, f2_ptr, lr, R, C, blocks_per_row,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, PREC: tl.constexpr,
+        PARTIAL: tl.constexpr,
     ):
         b = tl.program_id(0)
-        base, offs, valid, inblock, r, c = block_offsets(b, R, C, blocks_per_row, N1, N2, P1, P2)
+        base, offs, valid, inblock, r, c = block_offsets(b, R, C, blocks_per_row, N1, N2, P1, P2, PARTIAL)
         param_ptr += base
         m = tl.load(mean_ptr + b.to(tl.int64) * (N1 * N2) + r[:, None] * N2 + c[None, :], mask=inblock, other=0.0)
         _apply(param_ptr, offs, valid, idct_block(m, f1_ptr, f2_ptr, P1, P2, PREC), lr, 1.0, True)
@@ -62,10 +63,10 @@ if HAVE_TRITON:
     def _mean_decode_block(
         b, row, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, scale, R, C, blocks_per_row, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
-        KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr, SIGN_UPDATE: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr, SIGN_UPDATE: tl.constexpr, PARTIAL: tl.constexpr,
     ):
         # Block b of the tensor at out_ptr, from row `row` of each replica's [num_blocks, K] idx/vals.
-        block_base, offs, valid, inblock, r, c = block_offsets(b, R, C, blocks_per_row, N1, N2, P1, P2)
+        block_base, offs, valid, inblock, r, c = block_offsets(b, R, C, blocks_per_row, N1, N2, P1, P2, PARTIAL)
         out_ptr += block_base
         # IDCT(mean over the replicas that voted for each coefficient) = sum over every replica's
         # kept coefficients of value / (how many replicas kept it) times its basis function:
@@ -92,18 +93,18 @@ if HAVE_TRITON:
     def _mean_decode_kernel(
         param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, R, C, blocks_per_row, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
-        KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr,
+        KP: tl.constexpr, KC: tl.constexpr, PREC: tl.constexpr, PARTIAL: tl.constexpr,
     ):
         b = tl.program_id(0)
         _mean_decode_block(b, b, param_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, 1.0, R, C, blocks_per_row,
-                           num_blocks, W, N1, N2, P1, P2, K, KP, KC, PREC, True)
+                           num_blocks, W, N1, N2, P1, P2, K, KP, KC, PREC, True, PARTIAL)
 
     @triton.jit
     def _mean_decode_many_kernel(
         ptr_tab, blk_tensor_ptr, meta_ptr, lr_tab, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, scale, num_blocks, W,
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, LR_TABLE: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
-        SIGN_UPDATE: tl.constexpr,
+        SIGN_UPDATE: tl.constexpr, PARTIAL: tl.constexpr,
     ):
         g = tl.program_id(0)
         t, b, R, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
@@ -113,7 +114,7 @@ if HAVE_TRITON:
         if LR_TABLE:
             lr = tl.load(lr_tab + t)
         _mean_decode_block(b, g, out_ptr, idx_ptr, vals_ptr, f1_ptr, f2_ptr, lr, scale, R, C, bpr, num_blocks, W,
-                           N1, N2, P1, P2, K, KP, KC, PREC, SIGN_UPDATE)
+                           N1, N2, P1, P2, K, KP, KC, PREC, SIGN_UPDATE, PARTIAL)
 
 
 def fused_decode_update(
@@ -129,7 +130,7 @@ def fused_decode_update(
     p1, p2, f1, f2, bpr = geometry(layout, param.device)
     _decode_kernel[(layout.num_blocks,)](
         param, dense_mean, f1, f2, float(lr), layout.rows, layout.cols, bpr,
-        N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, PREC=precision, num_warps=num_warps(p1, p2),
+        N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, PREC=precision, PARTIAL=layout.padded, num_warps=num_warps(p1, p2),
     )
 
 
@@ -153,6 +154,7 @@ def fused_mean_decode_update(
     _mean_decode_kernel[(B,)](
         param, idx, vals, f1, f2, float(lr), layout.rows, layout.cols, bpr, B, W,
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k, KP=plan["KP"], KC=plan["KC"], PREC=precision,
+        PARTIAL=layout.padded,
         **launch_options("decode", p1, p2, device_capability(param.device)),
     )
 
@@ -180,7 +182,7 @@ def _mean_decode_many(outs, idx, vals, lr, layouts, precision: str, sign_update:
         ptrs, blk_tensor, meta, lr_tab if lr_tab is not None else f1, idx, vals, f1, f2, lr_s, float(scale), total, W,
         N1=L0.n1, N2=L0.n2, P1=p1, P2=p2, K=k, KP=plan["KP"], KC=plan["KC"],
         LR_TABLE=lr_tab is not None, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned),
-        SIGN_UPDATE=sign_update, **launch_options("decode", p1, p2, device_capability(device)),
+        SIGN_UPDATE=sign_update, PARTIAL=any(L.padded for L in layouts), **launch_options("decode", p1, p2, device_capability(device)),
     )
 
 

@@ -59,10 +59,10 @@ if HAVE_TRITON:
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
-        SKIP_FLAG: tl.constexpr,
+        SKIP_FLAG: tl.constexpr, PARTIAL: tl.constexpr,
     ):
         # Block b of the tensor at delta_ptr; its idx/vals go to output row `row`.
-        base, offs, valid, inblock, r, c = block_offsets(b, R, C, blocks_per_row, N1, N2, P1, P2)
+        base, offs, valid, inblock, r, c = block_offsets(b, R, C, blocks_per_row, N1, N2, P1, P2, PARTIAL)
         delta_ptr += base
         grad_ptr += base
 
@@ -113,13 +113,6 @@ if HAVE_TRITON:
         idx_row = idx_ptr + row.to(tl.int64) * K
         vals_row = vals_ptr + row.to(tl.int64) * K
         slot = flat_exclusive_cumsum(sel.to(tl.int32))
-        if thr == 0:
-            # Zeros were kept (fewer than K non-zero coefficients): voters first, then the
-            # zeros, which cast no vote (the payload's voter counts rely on this order).
-            vote = sel & (bits > 0)
-            voters = tl.sum(tl.sum(vote.to(tl.int32), axis=1), axis=0)
-            silent = (sel & (bits == 0)).to(tl.int32)
-            slot = tl.where(vote, flat_exclusive_cumsum(vote.to(tl.int32)), voters + flat_exclusive_cumsum(silent))
         flat = r[:, None] * N2 + c[None, :]
         tl.store(idx_row + slot, flat, mask=sel)
         tl.store(vals_row + slot, y, mask=sel)
@@ -147,11 +140,11 @@ if HAVE_TRITON:
         N1: tl.constexpr, N2: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, K: tl.constexpr,
         HAS_GRAD: tl.constexpr, VALUES: tl.constexpr, PREC: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
-        SKIP_FLAG: tl.constexpr,
+        SKIP_FLAG: tl.constexpr, PARTIAL: tl.constexpr,
     ):
         b = tl.program_id(0)
         _encode_block(b, b, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, R, C,
-                      blocks_per_row, N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
+                      blocks_per_row, N1, N2, P1, P2, K, HAS_GRAD, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG, PARTIAL)
 
     @triton.jit
     def _encode_many_kernel(
@@ -160,7 +153,7 @@ if HAVE_TRITON:
         HAS_GRAD: tl.constexpr, MIXED_GRAD: tl.constexpr, LR_TABLE: tl.constexpr,
         VALUES: tl.constexpr, PREC: tl.constexpr, ALIGNED: tl.constexpr,
         KP: tl.constexpr, KC: tl.constexpr, SPARSE_EF: tl.constexpr, BRACKET: tl.constexpr,
-        SKIP_FLAG: tl.constexpr,
+        SKIP_FLAG: tl.constexpr, PARTIAL: tl.constexpr,
     ):
         g = tl.program_id(0)
         t, b, R, C, bpr = group_locate(g, blk_tensor_ptr, meta_ptr, ALIGNED)
@@ -177,16 +170,16 @@ if HAVE_TRITON:
             if MIXED_GRAD:
                 if g_addr != 0:
                     _encode_block(b, g, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay,
-                                  R, C, bpr, N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
+                                  R, C, bpr, N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG, PARTIAL)
                 else:
                     _encode_block(b, g, delta_ptr, delta_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay,
-                                  R, C, bpr, N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
+                                  R, C, bpr, N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG, PARTIAL)
             else:
                 _encode_block(b, g, delta_ptr, grad_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, R, C, bpr,
-                              N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
+                              N1, N2, P1, P2, K, True, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG, PARTIAL)
         else:
             _encode_block(b, g, delta_ptr, delta_ptr, skip_ptr, f1_ptr, f2_ptr, idx_ptr, vals_ptr, lr, decay, R, C, bpr,
-                          N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG)
+                          N1, N2, P1, P2, K, False, VALUES, PREC, KP, KC, SPARSE_EF, BRACKET, SKIP_FLAG, PARTIAL)
 
 
 def fused_encode(
@@ -205,8 +198,7 @@ def fused_encode(
 
     ``delta`` (fp32, contiguous, ``layout.shape``) is updated in place to
     ``decay * delta + lr * grad - IDCT(sent)``; ``grad=None`` counts as zero. Returns
-    ``idx`` [B, k] int32 (each block's non-zero values first, each part in ascending index
-    order) and ``vals`` [B, k] fp32: the exact
+    ``idx`` [B, k] int32 (ascending within each block) and ``vals`` [B, k] fp32: the exact
     coefficients (``scaled_sign``: +-(mean |kept|) of the block), as
     :func:`flexdemo.compression.codec.select` gives them; pack with
     :func:`flexdemo.kernels.pack.fused_pack_payload`. ``precision`` is tl.dot's
@@ -233,6 +225,7 @@ def fused_encode(
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=grad is not None, VALUES=values, PREC=precision, **sparse_plan(k, p1, p2),
         BRACKET=search_bracket(k, layout.n1), SKIP_FLAG=skip_grad is not None and grad is not None,
+        PARTIAL=layout.padded,
         **launch_options("encode", p1, p2, device_capability(delta.device)),
     )
     return idx, vals
@@ -291,6 +284,7 @@ def fused_encode_many(
         HAS_GRAD=n_grad > 0, MIXED_GRAD=0 < n_grad < len(grads), LR_TABLE=lr_tab is not None,
         VALUES=values, PREC=precision, ALIGNED=align_hints(cols_aligned, ptrs_aligned), **sparse_plan(k, p1, p2),
         BRACKET=search_bracket(k, L0.n1), SKIP_FLAG=skip_grad is not None and n_grad > 0,
+        PARTIAL=any(L.padded for L in layouts),
         **launch_options("encode", p1, p2, device_capability(device)),
     )
     return idx, vals

@@ -71,6 +71,40 @@ if HAVE_TRITON:
             tl.store(out_ptr + w * count + v, x, mask=m)
 
 
+    @triton.jit
+    def _voters_first_kernel(idx_ptr, vals_ptr, idx_out, vals_out, rows, K: tl.constexpr, KP: tl.constexpr,
+                             ROWS: tl.constexpr):
+        # ROWS block rows of K slots: the non-zero values (voters) first, then the zeros, each
+        # part in its slots' order (a stable partition, as codec.voters_first).
+        row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+        j = tl.arange(0, KP)[None, :]
+        m = (row < rows) & (j < K)
+        i = tl.load(idx_ptr + row * K + j, mask=m, other=0)
+        v = tl.load(vals_ptr + row * K + j, mask=m, other=0.0)
+        vote = (v != 0.0) & m
+        votes = vote.to(tl.int32)
+        before = tl.cumsum(votes, axis=1) - votes  # voters before this slot
+        voters = tl.sum(votes, axis=1)[:, None]
+        slot = tl.where(vote, before, voters + j - before)  # j - before: zeros before this slot
+        tl.store(idx_out + row * K + slot, i, mask=m)
+        tl.store(vals_out + row * K + slot, v, mask=m)
+
+
+def fused_voters_first(idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`flexdemo.compression.codec.voters_first` in one launch (new tensors)."""
+    if not _bitpack_device_ok(idx) or idx.numel() == 0:
+        from flexdemo.compression.codec import voters_first
+
+        return voters_first(idx, vals)
+    rows, k = idx.shape
+    kp = triton.next_power_of_2(k)
+    per = max(1, 1024 // kp)
+    idx, vals = idx.contiguous(), vals.contiguous()
+    idx_out, vals_out = torch.empty_like(idx), torch.empty_like(vals)
+    _voters_first_kernel[(triton.cdiv(rows, per),)](idx, vals, idx_out, vals_out, rows, K=k, KP=kp, ROWS=per)
+    return idx_out, vals_out
+
+
 def _bitpack_device_ok(t: torch.Tensor) -> bool:
     return HAVE_TRITON and (t.device.type == "cuda" or (t.device.type == "cpu" and INTERPRET))
 
@@ -79,9 +113,8 @@ def fused_pack_payload(
     idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encoding: str, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Same bytes as :func:`flexdemo.compression.codec.pack_payload` (``idx``/``vals`` ``[B, k]``),
-    with one Triton launch per bit stream. With 1-bit values each row must hold its non-zero
-    values first, as :func:`flexdemo.kernels.encode.fused_encode` returns them: unlike the torch
-    path, this does not reorder them (a sort per block would cost a pass over the payload).
+    with one Triton launch per bit stream (with 1-bit values, one more first to put each row's
+    voters first: :func:`fused_voters_first`).
 
     ``out`` (uint8, the stream's length, e.g. a slice of the step's send buffer) is filled
     and returned when given, which saves the final concatenation.
@@ -97,6 +130,8 @@ def fused_pack_payload(
         out = torch.empty(total, dtype=torch.uint8, device=idx.device)
     elif out.dtype != torch.uint8 or out.numel() != total or not out.is_contiguous():
         raise ValueError(f"fused_pack_payload: out must be {total} contiguous uint8")
+    if encoding in ("sign", "scaled_sign"):  # the voter counts need each row's voters first
+        idx, vals = fused_voters_first(idx, vals.reshape(num_blocks, k))
     flat_idx, flat_vals = idx.reshape(-1).contiguous(), vals.reshape(-1).contiguous()
     if bits > 0 and idx_bytes:
         _pack_bits_kernel[(triton.cdiv(idx_bytes, _PACK_BLOCK),)](
