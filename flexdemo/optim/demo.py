@@ -137,7 +137,18 @@ class DeMo(torch.optim.Optimizer):
             kernel_precision=self.kernel_precision,
             timeout=self.exchange_timeout,
             who="DeMo",
+            agree=self._settings(),
         )
+
+    def _settings(self) -> dict[str, str]:
+        """DeMo's own settings that replicas must share: another initial lr, decay or weight
+        decay moves the replicas apart from the first step; another overlap or non-finite
+        action pairs different collectives or skips on one replica only."""
+        out = {"overlap": str(self.overlap), "nonfinite": self.nonfinite}
+        for i, g in enumerate(self.param_groups):
+            out[f"param group {i}"] = (f"lr {g['lr']!r}, decay {g['compression_decay']!r}, "
+                                       f"weight decay {g['weight_decay']!r}")
+        return out
 
     # -- state ----------------------------------------------------------------------------
 
