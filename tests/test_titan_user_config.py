@@ -71,24 +71,33 @@ def test_users_own_tokenizer_is_used(tmp_path, assets):
     assert ids < VOCAB_SIZE
     config = tmp_path / "debug_model.toml"
     config.write_text(USER_CONFIG.format(tokenizer=own, steps=STEPS))
-    # Checkpoints after the first step and at the end: the model's embedding at both.
-    run = launch(config, tmp_path / "dump", "--checkpoint.enable", "--checkpoint.enable_first_step_checkpoint",
-                 "--checkpoint.interval", str(STEPS), assets=assets, timeout=400)
+    # The initial model as torchtitan's seed checkpoint (one process), which the run starts from;
+    # the run's checkpoint at its end: the embedding at both.
+    seed = launch(config, tmp_path / "seed", "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
+                  "--parallelism.data_parallel_replicate_degree", "1", "--parallelism.data_parallel_shard_degree", "1",
+                  assets=assets, timeout=200, nproc=1)
+    assert seed.returncode == 0, seed.output[-4000:]
+    start = tmp_path / "seed" / "checkpoint" / "step-0"
+    run = launch(config, tmp_path / "dump", "--checkpoint.enable", "--checkpoint.interval", str(STEPS),
+                 "--checkpoint.initial_load_path", str(start), "--checkpoint.initial_load_model_only",
+                 assets=assets, timeout=400)
     assert run.returncode == 0, run.output[-6000:]
     log = run.rank_lines(0)
     assert f"tokenizer: {own} ({ids} ids)" in " ".join(log)
     assert "holds no tokenizer" not in run.output  # nothing replaced what the config names
     assert "flexdemo: DCT blocks per rank: 64x64 top-32:" in " ".join(log)  # the start-up summary
+    assert f"Loading the checkpoint from {start}" in " ".join(log)  # it started from the seed
     losses = run.losses(0)
     assert sorted(losses) == list(range(1, STEPS + 1)) and all(math.isfinite(v) for v in losses.values())
     d = run.digests()
     assert d[(0, STEPS)] == d[(2, STEPS)] and d[(1, STEPS)] == d[(3, STEPS)]
 
     # Ids >= the tokenizer's size are never looked up: their embedding rows get no gradient,
-    # and whole 64-row DCT blocks of them must not move (with sign values they used to move
-    # by lr at every step: a kept zero read as a +1 vote). A block shared with looked-up rows
-    # does spread its update over every row: that is the compression, in every encoding.
-    first, last = (load_dcp(tmp_path / "dump" / "checkpoint" / f"step-{s}") for s in (1, STEPS))
+    # and whole 64-row DCT blocks of them must keep their initial values bit for bit (with sign
+    # values they used to move by lr at every step: a kept zero read as a +1 vote). A block
+    # shared with looked-up rows does spread its update over every row: that is the
+    # compression, in every encoding.
+    first, last = load_dcp(start), load_dcp(tmp_path / "dump" / "checkpoint" / f"step-{STEPS}")
     silent = -(-ids // 64) * 64
     emb0, emb1 = first["tok_embeddings.weight"], last["tok_embeddings.weight"]
     assert emb0.shape[0] - silent >= 64 * 16  # many whole silent blocks
