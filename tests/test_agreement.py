@@ -81,6 +81,7 @@ CASES = {
     "diloco_outer_lr": (lambda r: _diloco(r, outer_lr=0.5), "outer lr", "0.7", "0.5"),
     "diloco_sync_interval": (lambda r: _diloco(r, sync_interval=8, both=dict(compression="topk", topk=4)),
                              "sync interval", "4", "8"),
+    "diloco_nonfinite": (lambda r: _diloco(r, nonfinite="stop"), "nonfinite", "skip", "stop"),
     "diloco_dense_wire": (lambda r: _diloco(r, value_encoding="bf16"), "outer value encoding", "fp32", "bf16"),
     "diloco_topk_precision": (lambda r: _diloco(r, kernel_precision="ieee", both=dict(compression="topk", topk=4)),
                               "kernel precision", "tf32x3", "ieee"),

@@ -161,6 +161,8 @@ class DiLoCo:
 
         params = [e.param for e in self.entries]
         agree = diloco_settings(compression, value_encoding, sync_interval, outer_lr, outer_momentum, nesterov)
+        # a replica that stops where the others skip would leave them waiting in the next exchange
+        agree.update(nonfinite=nonfinite, max_consecutive_skips=str(max_consecutive_skips))
         if compression == "topk":
             self.compressor = TopkCompressor([params], [chunk], [topk], value_encoding, replicate_group,
                                              fused=fused, kernel_precision=kernel_precision,
