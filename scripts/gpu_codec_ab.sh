@@ -5,18 +5,14 @@
 # .git/info/exclude and carried to the device machine), side by side on the same card, then
 # torchtitan throughput with the current kernels:
 #   GPU 0:    scripts/bench_optimizer_step.py, old (if OLD_TREE is set) then new (PROFILE=1: with
-#             --profile), then new with the top-k search started from the top bit instead of
-#             its row-max bracket (FLEXDEMO_TOPK_BRACKET=0): old.json, new.json, new_no_bracket.json;
-#             with MAXNREG="168 128", new under each register ceiling (FLEXDEMO_ENCODE_MAXNREG),
-#             new_maxnreg168.json, ... (and on GPU 1 the 8B shard the same way);
-#   GPU 1:    the current kernels against the torch path on this card (bench_fused.py's check, also
-#             with FLEXDEMO_TOPK_BRACKET=0), then the 8B shard's codec timing (bench_fused.py
+#             --profile): old.json, new.json;
+#   GPU 1:    the current kernels against the torch path on this card (bench_fused.py's check),
+#             then the 8B shard's codec timing (bench_fused.py
 #             --layers 32 --embeddings, issue 8's encode + decode against the memory floor), old
 #             (if OLD_TREE is set) then new;
 #   GPUs 0,1: then torchtitan 1B, 2 replicas x 1 shard, STEPS steps: AdamW-DDP, then the FlexDeMo
-#             runs named in TITAN_RUNS (default "flexdemo flexdemo_overlap"; a name ending in
-#             _no_bracket runs with FLEXDEMO_TOPK_BRACKET=0) and a summary table (TITAN_RUNS=none:
-#             no torchtitan runs);
+#             runs named in TITAN_RUNS (default "flexdemo flexdemo_overlap") and a summary table
+#             (TITAN_RUNS=none: no torchtitan runs);
 #   GPUs 2,3: from the start, OUTER=1: the outer step alone at top-k 32 and 256 (bench_diloco.py),
 #             old then new; and/or recipe variants (VARIANTS_FILE, VARIANTS_ONLY, FLAVOR_VARIANTS,
 #             STEPS_VARIANTS, VAL_FREQ_VARIANTS, VARIANT_TIMEOUT as in gpu_link_and_recipe.sh).
@@ -57,16 +53,16 @@ step_bench() {  # NAME [env...]: one bench_optimizer_step run on GPU 0
 for k, v in r.items(): print(f'{k:28s} {v[\"step_ms\"]:8.1f} ms')" "$OUT_DIR/$name.json"
 }
 (  # GPU 1: the new kernels against the torch path on the card (scripts/bench_fused.py's check)
-  for run in ieee:1 tf32x3:1 tf32x3:0; do
-    prec=${run%:*} bracket=${run#*:} name=fused_check_${run%:*}; [[ $bracket == 0 ]] && name+=_no_bracket
-    CUDA_VISIBLE_DEVICES=1 FLEXDEMO_TOPK_BRACKET=$bracket timeout 200 python3 scripts/bench_fused.py --device cuda \
+  for prec in ieee tf32x3; do
+    name=fused_check_$prec
+    CUDA_VISIBLE_DEVICES=1 timeout 200 python3 scripts/bench_fused.py --device cuda \
       --layers 2 --iters 2 --no-torch --precision $prec --json "$OUT_DIR/$name.json" > "$OUT_DIR/$name.log" 2>&1
     echo "=== $name: exit $?"; grep -iE "verify|mismatch|diff" "$OUT_DIR/$name.log" | head -5
   done
   # the 8B shard (issue 8's codec target: encode + decode against the memory floor), old then new
-  for run in ${OLD:+old} new ${MAXNREG:+$(printf "new_maxnreg%s " $MAXNREG)}; do
-    pp=$PYTHONPATH; [[ $run == old ]] && pp="$OLD:$PYTHONPATH"; reg=""; [[ $run == *maxnreg* ]] && reg=${run#new_maxnreg}
-    CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp FLEXDEMO_ENCODE_MAXNREG=$reg timeout 200 python3 scripts/bench_fused.py \
+  for run in ${OLD:+old} new; do
+    pp=$PYTHONPATH; [[ $run == old ]] && pp="$OLD:$PYTHONPATH"
+    CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp timeout 200 python3 scripts/bench_fused.py \
       --device cuda --layers 32 --embeddings --iters 5 --no-torch --precision tf32x3 --json "$OUT_DIR/shard8b_$run.json" \
       > "$OUT_DIR/shard8b_$run.log" 2>&1
     echo "=== shard8b_$run: exit $?"
@@ -75,10 +71,6 @@ for k, v in r.items(): print(f'{k:28s} {v[\"step_ms\"]:8.1f} ms')" "$OUT_DIR/$na
 CHECK_PID=$!
 [[ -n "$OLD" ]] && step_bench old PYTHONPATH="$OLD:$PYTHONPATH"
 PROFILE_THIS=${PROFILE:-} step_bench new
-step_bench new_no_bracket FLEXDEMO_TOPK_BRACKET=0  # the top-k search from the top bit
-for reg in ${MAXNREG:-}; do  # e.g. MAXNREG="168 128": the encode under a register ceiling
-  step_bench new_maxnreg$reg FLEXDEMO_ENCODE_MAXNREG=$reg
-done
 wait $CHECK_PID  # the fused check on GPU 1
 
 if [[ "${TITAN_RUNS:-}" != none ]]; then
@@ -89,8 +81,7 @@ if [[ "${TITAN_RUNS:-}" != none ]]; then
   logs=("$OUT_DIR/ddp_adamw.log")
   for name in ${TITAN_RUNS:-flexdemo flexdemo_overlap}; do
     flags=(--optimizer.lr 3e-4); [[ $name == *overlap* ]] && flags+=(--flexdemo.overlap)
-    bracket=1; [[ $name == *_no_bracket ]] && bracket=0
-    FLEXDEMO_TOPK_BRACKET=$bracket titan_run "$name" gpu_2gpu_flexdemo "${flags[@]}"
+    titan_run "$name" gpu_2gpu_flexdemo "${flags[@]}"
     logs+=("$OUT_DIR/$name.log")
   done
   python3 scripts/summarize_titan_logs.py "${logs[@]}" | tee "$OUT_DIR/summary.md"

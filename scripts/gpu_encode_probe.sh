@@ -3,13 +3,13 @@
 # scripts/gpu_ncu_encode.sh, one encode launch; NCU=0 skips it), then the llama3-8B shard's codec
 # timing (bench_fused.py --layers 32 --embeddings, issue 8's encode + decode against the memory
 # floor, with its check against the torch path first) under each launch setting in SETTINGS:
-# "name:VAR=value,VAR=value name2:..." (environment switches of flexdemo.kernels.common; TREE=dir
-# puts another copy of the package, dir/flexdemo, first on the path: `mkdir dir && git archive
-# <commit> flexdemo | tar -x -C dir`, excluded from git and carried), one process per setting, in
+# "name:VAR=value,VAR=value name2:..." (environment settings; TREE=dir puts another copy of the
+# package, dir/flexdemo, first on the path: `mkdir dir && git archive <commit> flexdemo | tar -x
+# -C dir`, excluded from git and carried), one process per setting, in
 # order, on the same card; then scripts/bench_optimizer_step.py (DeMo.step on 1.5 B parameters)
 # under each of STEP_SETTINGS (same form; none by default). Everything is tarred into
 # $OUT/encode_probe.tgz.
-#   SETTINGS="default: maxnreg168:FLEXDEMO_ENCODE_MAXNREG=168" bash scripts/gpu_encode_probe.sh
+#   SETTINGS="default: old:TREE=.old_kernels" bash scripts/gpu_encode_probe.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh

@@ -32,10 +32,11 @@ INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)")
 LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 
 
-def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool, warps: int) -> bytes:
+def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool, warps: int,
+                   maxnreg: int | None = None) -> bytes:
     """The per-tensor launch of ``kernel`` for 64x64 blocks (the grouped launches run the same
     block function), compiled for sm_``arch`` with the library's launch options for that
-    architecture (common.launch_options: its register ceiling, or FLEXDEMO_<KERNEL>_MAXNREG's),
+    architecture (common.launch_options: its register ceiling, or ``maxnreg``'s, 0: none),
     ``warps`` warps."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -63,7 +64,8 @@ def compile_kernel(kernel: str, arch: int, k: int, precision: str, bracket: bool
     assert sorted(names) == sorted(sig), (names, list(sig))
     sig = {name: sig[name] for name in names}
     src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in consts.items()})
-    options = {**launch_options("encode" if kernel == "encode" else "decode", 64, 64, divmod(arch, 10)),
+    options = {**launch_options("encode" if kernel == "encode" else "decode", 64, 64, divmod(arch, 10),
+                                maxnreg=maxnreg),
                "num_warps": warps}
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     return compiled.asm["cubin"]
@@ -107,13 +109,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-bracket", action="store_true", help="encode: the top-k search from the top bit")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--maxnreg", type=int, default=None,
-                    help="a register ceiling, 0 for none (sets FLEXDEMO_<KERNEL>_MAXNREG for this process)")
+                    help="a register ceiling, 0 for none (default: the library's for --arch)")
     ap.add_argument("--top", type=int, default=25, help="source lines to list")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    if args.maxnreg is not None:
-        os.environ[f"FLEXDEMO_{'ENCODE' if args.kernel == 'encode' else 'DECODE'}_MAXNREG"] = str(args.maxnreg)
-    res = profile(compile_kernel(args.kernel, args.arch, args.k, args.precision, not args.no_bracket, args.warps))
+    res = profile(compile_kernel(args.kernel, args.arch, args.k, args.precision, not args.no_bracket, args.warps,
+                                 args.maxnreg))
     what = f", bracket={not args.no_bracket}" if args.kernel == "encode" else ""
     print(f"{args.kernel} kernel, sm_{args.arch}, k={args.k}, {args.precision}{what}: "
           f"{res['instructions']} SASS instructions, {res['resources']}")

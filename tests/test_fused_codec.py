@@ -324,56 +324,60 @@ def test_topk_threshold_is_the_kth_largest(k, spread, bracket):
             assert thr == kth
 
 
-def _encodes_under(monkeypatch, var, settings, delta, grad, layout, k):
-    """(delta after, idx, vals) of one sign encode per setting of the environment variable var."""
+def _encodes_under(name, settings, delta, grad, layout, k):
+    """(delta after, idx, vals) of one sign encode per setting of fused_encode's keyword name."""
     outs = []
     for setting in settings:
-        monkeypatch.setenv(var, setting)
         d = delta.clone()
-        idx, vals = fc.fused_encode(d, grad, LR, DECAY, layout, k, "sign")
+        idx, vals = fc.fused_encode(d, grad, LR, DECAY, layout, k, "sign", **{name: setting})
         outs.append((d, idx, vals))
     return outs
 
 
-def test_encode_with_the_bracket_search_is_bitwise_the_same(monkeypatch):
-    # The bracket (default; FLEXDEMO_TOPK_BRACKET=0: off) changes where the search starts, not
-    # what it selects: every output bitwise equal, on random blocks, an all-zero block (every
-    # coefficient ties) and 48-row blocks.
+def test_encode_with_the_bracket_search_is_bitwise_the_same():
+    # The bracket (the default where k <= n1; bracket=False: from the top bit) changes where the
+    # search starts, not what it selects: every output bitwise equal, on random blocks, an
+    # all-zero block (every coefficient ties) and 48-row blocks. So it is no config key.
+    from flexdemo.kernels.common import search_bracket
+
     for shape, chunk, k in [((128, 192), 64, 32), ((96, 64), 64, 5), ((64, 32), 32, 32)]:
         layout = block_layout(shape, chunk)
+        assert search_bracket(k, layout.n1)  # the library's choice here is the bracket
         delta, grad = _data(shape, 7)
         delta[:chunk, :chunk] = 0.0
         grad[:chunk, :chunk] = 0.0
-        outs = _encodes_under(monkeypatch, "FLEXDEMO_TOPK_BRACKET", ("0", "1"), delta, grad, layout, k)
-        assert all(torch.equal(a, b) for a, b in zip(*outs))
+        outs = _encodes_under("bracket", (False, True, None), delta, grad, layout, k)
+        assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(*outs))
+    assert not search_bracket(65, 64)  # k > n1: from the top bit
+    layout = block_layout((16, 64), 8)
+    with pytest.raises(ValueError, match="bracket"):
+        fc.fused_encode(*_data((16, 64), 1), LR, DECAY, layout, 9, "sign", bracket=True)
 
 
-def test_a_register_ceiling_launches_and_changes_nothing(monkeypatch):
-    # FLEXDEMO_ENCODE_MAXNREG (A/B timing) only changes a launch option; a bad value is refused
-    # with one message naming it. (Its effect on the compiled kernel: test_kernel_sass_profile.py.)
+def test_a_register_ceiling_launches_and_changes_nothing():
+    # A register ceiling (maxnreg: timing and profiling) only changes a launch option; a bad value
+    # is refused with one message naming it. (Its effect on the compiled kernel:
+    # test_kernel_sass_profile.py.) So it is no config key.
     shape, chunk, k = (128, 192), 64, 32
     layout = block_layout(shape, chunk)
     delta, grad = _data(shape, 11)
-    outs = _encodes_under(monkeypatch, "FLEXDEMO_ENCODE_MAXNREG", ("0", "128"), delta, grad, layout, k)
-    assert all(torch.equal(a, b) for a, b in zip(*outs))
-    for bad in ("12", "300", "lots", "-1"):
-        monkeypatch.setenv("FLEXDEMO_ENCODE_MAXNREG", bad)
-        with pytest.raises(ValueError, match="FLEXDEMO_ENCODE_MAXNREG"):
-            fc.fused_encode(delta.clone(), grad, LR, DECAY, layout, k, "sign")
+    outs = _encodes_under("maxnreg", (0, 128, None), delta, grad, layout, k)
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(*outs))
+    for bad in (12, 300, "lots", -1, True):
+        with pytest.raises(ValueError, match="maxnreg"):
+            fc.fused_encode(delta.clone(), grad, LR, DECAY, layout, k, "sign", maxnreg=bad)
 
 
-def test_launch_options_cap_registers_on_hopper_only(monkeypatch):
+def test_launch_options_cap_registers_on_hopper_only():
     from flexdemo.kernels.common import HOPPER_MAXNREG, launch_options
 
-    for var in ("FLEXDEMO_ENCODE_MAXNREG", "FLEXDEMO_DECODE_MAXNREG"):
-        monkeypatch.delenv(var, raising=False)
     assert launch_options("encode", 64, 64, (9, 0)) == {"num_warps": 4, "maxnreg": HOPPER_MAXNREG["encode"]}
     assert launch_options("encode", 64, 64, (8, 0)) == {"num_warps": 4}  # not measured elsewhere
     assert launch_options("encode", 64, 64, None) == {"num_warps": 4}
     assert launch_options("encode", 1, 64, (9, 0))["num_warps"] == 2
+    assert launch_options("encode", 32, 64, None)["num_warps"] == 4  # 2048 padded elements
+    assert launch_options("encode", 32, 32, None)["num_warps"] == 2
     assert launch_options("decode", 64, 64, (9, 0))["maxnreg"] == HOPPER_MAXNREG["decode"]
-    monkeypatch.setenv("FLEXDEMO_ENCODE_MAXNREG", "0")
-    assert launch_options("encode", 64, 64, (9, 0)) == {"num_warps": 4}
-    monkeypatch.setenv("FLEXDEMO_DECODE_MAXNREG", "128")
-    assert launch_options("decode", 64, 64, None) == {"num_warps": 4, "maxnreg": 128}
+    assert launch_options("encode", 64, 64, (9, 0), maxnreg=0) == {"num_warps": 4}
+    assert launch_options("decode", 64, 64, None, maxnreg=128) == {"num_warps": 4, "maxnreg": 128}
     assert "maxnreg" not in launch_options("encode", 64, 64, None)

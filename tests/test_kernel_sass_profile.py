@@ -32,7 +32,7 @@ def test_the_encode_kernel_compiles_offline_and_its_dct_is_found(tmp_path):
 def test_the_hopper_register_ceiling_reaches_the_compiled_encode(tmp_path):
     # common.launch_options (which the script compiles with) caps the encode at
     # HOPPER_MAXNREG["encode"] registers on sm_90: fewer registers than the compiler's own
-    # choice (--maxnreg 0), more spills; FLEXDEMO_ENCODE_MAXNREG=128 (--maxnreg) caps lower.
+    # choice (--maxnreg 0), more spills; --maxnreg 128 (launch_options' maxnreg) caps lower.
     from flexdemo.kernels.common import HOPPER_MAXNREG
 
     ceiling = HOPPER_MAXNREG["encode"]

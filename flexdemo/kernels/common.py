@@ -68,14 +68,22 @@ def sparse_plan(k: int, p1: int, p2: int) -> dict:
     return {"KP": kp, "KC": min(kp, TOPK_CHUNK), "SPARSE_EF": kp < p1 + p2}
 
 
+# Launch choices that change speed only, never bits, are fixed here, not read from the
+# environment and not config keys of the start-up agreement (which holds every choice that
+# changes what a replica computes): the top-k search's bracket (search_bracket), the warps per
+# block (num_warps), the register ceilings (launch_options) and the grouped kernels' alignment
+# hints (tables.align_hints). The bracket and the hints are tested bitwise-equal to their
+# alternatives (tests/test_fused_codec.py, tests/test_fused_grouped.py); warps and registers are
+# launch options. Functions that time or compare them take them as keyword arguments.
+
+
 def search_bracket(k: int, n1: int) -> bool:
     """Whether the encode's top-k search narrows the bracket [smallest row max, block max]
     (common.topk_threshold's interval search; valid for k <= n1 rows) rather than building the
     threshold from the top bit: ~3.8 instead of ~7.4 rounds per block on momentum-like data
     (scripts/topk_search_rounds.py; docs/benchmarks.md section 5 has the timings). The selection
-    is the same either way (tested); FLEXDEMO_TOPK_BRACKET=0 searches from the top bit, for A/B
-    timing."""
-    return os.environ.get("FLEXDEMO_TOPK_BRACKET", "1") != "0" and k <= n1
+    is the same either way (tested through fused_encode's ``bracket`` argument)."""
+    return k <= n1
 
 
 def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torch.dtype = torch.float32,
@@ -116,9 +124,6 @@ def padded_dct(n: int, p: int, device: torch.device) -> torch.Tensor:
 
 
 def num_warps(p1: int, p2: int) -> int:
-    override = os.environ.get("FLEXDEMO_FUSED_WARPS")
-    if override:
-        return int(override)
     return 4 if p1 * p2 >= 2048 else 2
 
 
@@ -130,20 +135,20 @@ def num_warps(p1: int, p2: int) -> int:
 HOPPER_MAXNREG = {"encode": 168, "decode": 128}
 
 
-def launch_options(kernel: str, p1: int, p2: int, capability: tuple[int, int] | None) -> dict:
+def launch_options(kernel: str, p1: int, p2: int, capability: tuple[int, int] | None, *,
+                   maxnreg: int | None = None) -> dict:
     """The launch options of the fused ``kernel`` ("encode" or "decode") for padded p1 x p2
     blocks on a device of compute ``capability`` (None: CPU): num_warps, and a register
-    ceiling (``maxnreg``): HOPPER_MAXNREG's on sm_90, or FLEXDEMO_<KERNEL>_MAXNREG's (an integer
-    in [24, 255]; 0: none), for A/B timing. Only speed changes; results are the same."""
+    ceiling (``maxnreg``): HOPPER_MAXNREG's on sm_90, or the ``maxnreg`` argument's (an integer
+    in [24, 255]; 0: none), for timing or profiling another ceiling. Only speed changes;
+    results are the same."""
     options = {"num_warps": num_warps(p1, p2)}
-    name = f"FLEXDEMO_{kernel.upper()}_MAXNREG"
-    value = os.environ.get(name, "")
-    if value == "":
+    if maxnreg is None:
         ceiling = HOPPER_MAXNREG.get(kernel) if capability is not None and capability[0] == 9 else None
-    elif value.isdigit() and (int(value) == 0 or 24 <= int(value) <= 255):
-        ceiling = int(value) or None
+    elif isinstance(maxnreg, int) and not isinstance(maxnreg, bool) and (maxnreg == 0 or 24 <= maxnreg <= 255):
+        ceiling = maxnreg or None
     else:
-        raise ValueError(f"{name} must be 0 (no ceiling) or an integer in [24, 255], got {value!r}")
+        raise ValueError(f"maxnreg must be 0 (no ceiling) or an integer in [24, 255], got {maxnreg!r}")
     if ceiling is not None:
         options["maxnreg"] = ceiling
     return options

@@ -193,6 +193,8 @@ def fused_encode(
     *,
     precision: str = "ieee",
     skip_grad: torch.Tensor | None = None,
+    bracket: bool | None = None,
+    maxnreg: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Momentum update + DCT + top-k + error feedback of one tensor in one launch.
 
@@ -205,6 +207,10 @@ def fused_encode(
     input_precision: "ieee" (fp32, default), or "tf32x3"/"tf32" for speed at lower accuracy.
     ``skip_grad``: a one-element tensor on the device; where it is nonzero when the kernel runs,
     ``grad`` counts as zero (read on the device: the caller need not sync to decide).
+    ``bracket`` and ``maxnreg``, for tests and timing only (the library leaves them None): the
+    top-k search from the row-max bracket or from the top bit (None: common.search_bracket's
+    choice; True needs ``k <= layout.n1``), and a register ceiling (None: common.launch_options's
+    choice). Neither changes the results (tested).
     """
     if not fused_supported(layout, delta.device, delta.dtype):
         raise ValueError(f"fused_encode: unsupported layout {layout} on {delta.device}")
@@ -215,6 +221,10 @@ def fused_encode(
     if grad is not None:
         check_tensor(grad, layout, "grad")
     _check_skip(skip_grad, delta.device, "fused_encode")
+    if bracket is None:
+        bracket = search_bracket(k, layout.n1)
+    elif bracket and k > layout.n1:
+        raise ValueError(f"fused_encode: the bracket search needs k <= {layout.n1} rows, got k={k}")
     B = layout.num_blocks
     p1, p2, f1, f2, bpr = geometry(layout, delta.device)
     idx = torch.empty(B, k, dtype=torch.int32, device=delta.device)
@@ -224,9 +234,9 @@ def fused_encode(
         float(lr), float(decay), layout.rows, layout.cols, bpr,
         N1=layout.n1, N2=layout.n2, P1=p1, P2=p2, K=k,
         HAS_GRAD=grad is not None, VALUES=values, PREC=precision, **sparse_plan(k, p1, p2),
-        BRACKET=search_bracket(k, layout.n1), SKIP_FLAG=skip_grad is not None and grad is not None,
+        BRACKET=bool(bracket), SKIP_FLAG=skip_grad is not None and grad is not None,
         PARTIAL=layout.padded,
-        **launch_options("encode", p1, p2, device_capability(delta.device)),
+        **launch_options("encode", p1, p2, device_capability(delta.device), maxnreg=maxnreg),
     )
     return idx, vals
 

@@ -9,7 +9,6 @@ list order (:func:`group_block_offsets`).
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 import torch
@@ -112,8 +111,10 @@ def ptr_table(addrs: tuple, device: torch.device) -> tuple[torch.Tensor, bool]:
 
 
 def align_hints(cols_aligned: bool, ptrs_aligned: bool) -> bool:
-    # FLEXDEMO_GROUPED_HINTS=0 turns the divisibility hints off (A/B on the GPU; results are the same).
-    return cols_aligned and ptrs_aligned and os.environ.get("FLEXDEMO_GROUPED_HINTS", "1") != "0"
+    # The divisibility hints, where every column count and address allows them. Speed only: a
+    # group without them (a misaligned tensor) gives the same bits (tests/test_fused_grouped.py),
+    # so this is no config key (common.py, above search_bracket, says which launch choices are).
+    return cols_aligned and ptrs_aligned
 
 
 def lr_arg(lr, n: int, device: torch.device):
