@@ -18,11 +18,14 @@
 #   LOCAL_ADDR   the address this node announces to the rendezvous (torchrun --local-addr)
 #   LOG_DIR      also keep every local rank's full output in files under this dir
 #                (torchrun --log-dir: LOG_DIR/<run id>/attempt_0/<local rank>/stdout.log)
-#   FLEXDEMO_ASSETS  where flexdemo's embedded corpus+tokenizer are built, once, here,
-#                    before torchrun, when the config needs them: its [model]
-#                    hf_assets_path holds no tokenizer and it trains on flexdemo_stdlib /
-#                    flexdemo_pysource (or names no path). A config's own tokenizer is
-#                    always kept. Default: ~/.cache/flexdemo/...
+#   FLEXDEMO_CACHE   the folder under which flexdemo's embedded corpus+tokenizer are built
+#                    (one subfolder per corpus, Python and vocabulary), once, here, before
+#                    torchrun, when the config needs them: its [model] hf_assets_path holds
+#                    no tokenizer and it trains on flexdemo_stdlib / flexdemo_pysource (or
+#                    names no path). A config's own tokenizer is always kept.
+#                    Default: ~/.cache/flexdemo. (FLEXDEMO_ASSETS, the built folder itself,
+#                    was removed: set FLEXDEMO_CACHE, or hf_assets_path to a folder built
+#                    with `python -m flexdemo.data --out DIR`.)
 #
 # Without a GPU it runs on CPU with gloo (OMP_NUM_THREADS=1 unless set).
 set -euo pipefail

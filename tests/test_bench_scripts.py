@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from titan_launch import REPO
+from titan_launch import REPO, cache_holding
 
 sys.path.insert(0, str(REPO / "scripts"))
 import shaped_link  # noqa: E402
@@ -221,7 +221,7 @@ def test_run_variants_timeout_stops_torchruns_workers(tmp_path, assets):
     # A real job through scripts/launch.sh (torchrun, 4 gloo workers in sessions of their own),
     # cut off by --timeout while it trains: nothing of it may keep running.
     name = f"timeout_probe_{os.getpid()}"
-    env = {**os.environ, "FLEXDEMO_ASSETS": str(assets), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "FLEXDEMO_CACHE": cache_holding(assets), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "run_variants.py"), "--out", str(tmp_path), "--timeout", "40",
          f"{name} cpu_2x2_flexdemo --training.steps 100000"],

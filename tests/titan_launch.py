@@ -71,6 +71,16 @@ class Run:
         return out
 
 
+def cache_holding(assets: str | Path) -> str:
+    """The FLEXDEMO_CACHE under which a launch finds ``assets`` (the session's prebuilt
+    stdlib assets, a default_assets_dir build) without building them again."""
+    from flexdemo.data.assets import default_assets_dir
+
+    assets = Path(assets)
+    assert assets.name == Path(default_assets_dir()).name, f"{assets} is not a default assets build"
+    return str(assets.parent)
+
+
 def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeout: float,
            nproc: int = 4, env: dict | None = None, while_running=None) -> Run:
     """Run scripts/launch.sh (all ranks' output kept); kill the whole group on timeout.
@@ -81,7 +91,7 @@ def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeou
         "LOG_RANK": "0",
         "LOG_DIR": str(dump / "torchrun_logs"),
         "MASTER_PORT": str(free_port()),
-        "FLEXDEMO_ASSETS": str(assets),
+        "FLEXDEMO_CACHE": cache_holding(assets),
         "OMP_NUM_THREADS": "1",
         **(env or {}),
     }

@@ -5,8 +5,8 @@ process with one message instead of in every rank:
   1. pick the process count (NPROC env, else #GPUs, else 4 CPU processes),
   2. validate the config for the final world size (NNODES x NPROC),
   3. where the config's ``[model] hf_assets_path`` holds no tokenizer and it asks for an
-     embedded dataset (or names no path), build flexdemo's assets once (into $FLEXDEMO_ASSETS
-     or the default cache) and say so in one line; a config's own tokenizer is kept.
+     embedded dataset (or names no path), build flexdemo's assets once (under $FLEXDEMO_CACHE,
+     default ~/.cache/flexdemo) and say so in one line; a config's own tokenizer is kept.
 Prints ``FD_NGPU=..``, ``FD_NPROC=..``, ``FD_ASSETS=..`` (empty: keep the config's) for the shell.
 """
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from flexdemo.data.dataloader import embedded_tokenizer_dir
 
-    assets, reason = embedded_tokenizer_dir(job_config, os.environ.get("FLEXDEMO_ASSETS") or None)
+    assets, reason = embedded_tokenizer_dir(job_config)
     if reason:
         print(reason, file=sys.stderr, flush=True)
     assets = assets or ""
