@@ -1,4 +1,5 @@
-"""What the codec benchmarks share: the llama3-8B and -1B tensor sets, timing, CLI and output."""
+"""What the codec benchmarks share: the llama3-8B and -1B tensor sets, timing, CLI and output,
+and a recorder of the torch path's decoded directions (fused vs torch comparisons)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import torch
 
-from flexdemo.compression.codec import VALUE_ENCODINGS
+from flexdemo.compression.codec import VALUE_ENCODINGS, decode_mean
 
 DIM, FFN, KV, VOCAB = 4096, 14336, 1024, 128256
 
@@ -88,3 +89,20 @@ def emit(result: dict, json_path: str | None) -> None:
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def record_decoded_directions(opt) -> dict[int, torch.Tensor]:
+    """Wrap a DeMo's decode so that each step leaves, per parameter (keyed by its data_ptr), the
+    decoded direction IDCT(mean over the voting replicas) whose sign it applies: where that is
+    ~0, rounding decides the sign, so a comparison of two paths must exempt those elements."""
+    comp, directions = opt.compressor, {}
+    original = comp.decode_sign_update
+
+    def recording(bucket, idx, vals, targets, *args, **kwargs):
+        for m, t in zip(bucket.members, targets):
+            rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
+            directions[t.data_ptr()] = decode_mean(idx[:, rows].long(), vals[:, rows], m.layout)
+        return original(bucket, idx, vals, targets, *args, **kwargs)
+
+    comp.decode_sign_update = recording
+    return directions

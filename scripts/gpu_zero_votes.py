@@ -22,8 +22,8 @@ import sys
 
 import torch
 
+from bench_common import record_decoded_directions
 from flexdemo import DeMo
-from flexdemo.compression.codec import decode_mean
 
 ENCODINGS = ("sign", "scaled_sign", "fp32", "bf16")
 RAGGED = [(1366, 2048), (3, 70, 128), (4100,)]
@@ -58,16 +58,7 @@ def paths_agree(encoding: str, steps: int, device) -> dict:
         params = [torch.randn(s, generator=g, device=device).requires_grad_() for s in RAGGED]
         runs.append((params, DeMo(params, lr=1e-3, compression_topk=32, value_encoding=encoding, fused=fused)))
     (fp, fo), (tp, to) = runs
-    directions = {}
-    comp, original = to.compressor, to.compressor.decode_sign_update
-
-    def recording(bucket, idx, vals, targets, *args, **kwargs):
-        for m, t in zip(bucket.members, targets):
-            rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
-            directions[t.data_ptr()] = decode_mean(idx[:, rows].long(), vals[:, rows], m.layout)
-        return original(bucket, idx, vals, targets, *args, **kwargs)
-
-    comp.decode_sign_update = recording
+    directions = record_decoded_directions(to)
     worst_differ, worst_momentum = 0, 0.0
     g = torch.Generator(device=device).manual_seed(2)
     for _ in range(steps):

@@ -48,24 +48,6 @@ def _step(params, opt, step, rank=0):
     opt.step()
 
 
-def _record_directions(opt):
-    """Wrap the torch-path optimizer's decode so that each step leaves, per parameter, the
-    decoded direction IDCT(mean over the voting replicas) whose sign it applies."""
-    from flexdemo.compression.codec import decode_mean
-
-    comp, directions = opt.compressor, {}
-    original = comp.decode_sign_update
-
-    def recording(bucket, idx, vals, targets, *args, **kwargs):
-        for m, t in zip(bucket.members, targets):
-            rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
-            directions[t.data_ptr()] = decode_mean(idx[:, rows].long(), vals[:, rows], m.layout)
-        return original(bucket, idx, vals, targets, *args, **kwargs)
-
-    comp.decode_sign_update = recording
-    return directions
-
-
 # Where the torch path's decoded direction is this small relative to the tensor's largest, its
 # sign is rounding noise (the DCTs sum in another order): only there may the paths differ.
 NEAR_ZERO = 1e-5
@@ -79,7 +61,10 @@ def test_fused_path_matches_torch_path(encoding):
     fused_params, fused_opt = _build(True, encoding)
     torch_params, torch_opt = _build(False, encoding)
     assert all(fused_supported(block_layout(s, 64), "cpu") for s in SHAPES)  # 1-D too (1 x n2 blocks)
-    directions = _record_directions(torch_opt)
+    import titan_launch  # noqa: F401  (puts scripts/ on sys.path)
+    from bench_common import record_decoded_directions
+
+    directions = record_decoded_directions(torch_opt)
     for step in range(4):
         _step(fused_params, fused_opt, step)
         _step(torch_params, torch_opt, step)
