@@ -14,9 +14,9 @@ import pytest
 
 from titan_launch import REPO, cache_holding
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 import shaped_link  # noqa: E402
-import summarize_titan_logs  # noqa: E402
+import summarize_logs  # noqa: E402
 import titan_logs  # noqa: E402
 
 T0 = datetime(2026, 11, 26, 11, 0, 0)
@@ -153,7 +153,7 @@ def test_shaped_link_table_only_tabulates_without_root_or_training(results, tmp_
     # The folder the `results` fixture filled: --table-only reads it back the same way, as any
     # user (no namespaces, no runs).
     table, _ = results
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "shaped_link.py"), "--table-only", "--out",
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "shaped_link.py"), "--table-only", "--out",
                           str(tmp_path), "--sync-interval", "5", "--log-freq", "1", "--steps", "20"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
@@ -169,7 +169,7 @@ def test_validation_table_ratios(tmp_path):
     # A run cut off after step 10 has no loss at the baseline's last step: no comparison.
     _log(tmp_path / "cut.log", lambda s: 0.1 * s, {10: 4.4}, 2, steps=10)
     runs = [titan_logs.parse(tmp_path / f"{n}.log") for n in ("adamw", "diloco", "demo_diloco", "cut")]
-    table = summarize_titan_logs.validation_table(runs, "adamw", ("adamw", "diloco"))
+    table = summarize_logs.validation_table(runs, "adamw", ("adamw", "diloco"))
     header, _, *rows = table.splitlines()
     assert header.split(" | ")[1:3] == ["val @10", "val @20"]
     cells = {r.split(" | ")[0][2:]: r.strip("| ").split(" | ")[1:] for r in rows}
@@ -179,15 +179,15 @@ def test_validation_table_ratios(tmp_path):
     assert cells["demo_diloco"] == ["-", "4.0800", "40", "1,000", "+2.0%", "500", "25"]
     assert cells["cut"] == ["4.4000", "-", "20", "1,000", "-", "1,000", "50"]
     with pytest.raises(SystemExit, match="no run named 'ddp'"):
-        summarize_titan_logs.validation_table(runs, "ddp")
+        summarize_logs.validation_table(runs, "ddp")
 
 
-def test_run_variants_gives_each_job_its_own_gpus(monkeypatch):
-    import run_variants
+def test_runs_gives_each_job_its_own_gpus(monkeypatch):
+    import runs
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    assert run_variants.device_slots(2) == ["4,5", "6,7"]
+    assert runs.device_slots(2) == ["4,5", "6,7"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
-    assert run_variants.device_slots(2) == ["0,1"]  # a lone GPU left over is not a slot
+    assert runs.device_slots(2) == ["0,1"]  # a lone GPU left over is not a slot
 
 
 def test_shaped_link_check_interval_follows_sync_interval(tmp_path):
@@ -217,13 +217,13 @@ def _alive_with(marker: str) -> list[int]:
     return found
 
 
-def test_run_variants_timeout_stops_torchruns_workers(tmp_path, assets):
+def test_runs_timeout_stops_torchruns_workers(tmp_path, assets):
     # A real job through scripts/launch.sh (torchrun, 4 gloo workers in sessions of their own),
     # cut off by --timeout while it trains: nothing of it may keep running.
     name = f"timeout_probe_{os.getpid()}"
     env = {**os.environ, "FLEXDEMO_CACHE": cache_holding(assets), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "run_variants.py"), "--out", str(tmp_path), "--timeout", "40",
+        [sys.executable, str(REPO / "benchmarks" / "runs.py"), "--out", str(tmp_path), "--timeout", "40",
          f"{name} cpu_2x2_flexdemo --training.steps 100000"],
         env=env, capture_output=True, text=True, timeout=300,
     )

@@ -1,4 +1,4 @@
-"""scripts/cuda_sync_debug/sitecustomize.py counts a rank's host-GPU syncs by Python stack. Its
+"""benchmarks/profiling/cuda_sync_debug/sitecustomize.py counts a rank's host-GPU syncs by Python stack. Its
 counting is checked here with a stand-in for torch.cuda (no GPU): a warning of the kind torch's
 sync debug mode raises is recorded with the stack that raised it; other warnings pass through."""
 
@@ -9,7 +9,7 @@ import warnings
 
 from titan_launch import REPO
 
-SITE = REPO / "scripts" / "cuda_sync_debug" / "sitecustomize.py"
+SITE = REPO / "benchmarks" / "profiling" / "cuda_sync_debug" / "sitecustomize.py"
 
 
 def _load_without_side_effects():

@@ -61,8 +61,8 @@ def test_fused_path_matches_torch_path(encoding):
     fused_params, fused_opt = _build(True, encoding)
     torch_params, torch_opt = _build(False, encoding)
     assert all(fused_supported(block_layout(s, 64), "cpu") for s in SHAPES)  # 1-D too (1 x n2 blocks)
-    import titan_launch  # noqa: F401  (puts scripts/ on sys.path)
-    from bench_common import record_decoded_directions
+    import titan_launch  # noqa: F401  (puts benchmarks/ on sys.path)
+    from common import record_decoded_directions
 
     directions = record_decoded_directions(torch_opt)
     for step in range(4):

@@ -1,4 +1,4 @@
-"""scripts/kernel_sass_profile.py compiles the fused codec kernels for sm_90 without a GPU (the
+"""benchmarks/profiling/kernel_sass.py compiles the fused codec kernels for sm_90 without a GPU (the
 Triton wheel's ptxas/nvdisasm/cuobjdump) and attributes their instructions to source lines."""
 
 import json
@@ -12,7 +12,7 @@ from titan_launch import REPO
 def _profile(tmp_path, *flags):
     out = tmp_path / "profile.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_sass_profile.py"), *flags,
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "profiling" / "kernel_sass.py"), *flags,
                           "--json", str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""scripts/process_tree.kill_tree stops a launcher together with workers in sessions of their own
+"""benchmarks/process_tree.kill_tree stops a launcher together with workers in sessions of their own
 (what torchrun does), so a timed-out job leaves nothing running."""
 
 import os
@@ -10,7 +10,7 @@ import time
 
 from titan_launch import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 from process_tree import descendants, kill_tree  # noqa: E402
 
 # A launcher like torchrun: one worker per "rank", each in a new session, and a grandchild below

@@ -1,5 +1,5 @@
 """replica_check_interval's default ("auto") and the benchmark its number comes from
-(scripts/bench_replica_check.py, here at CI size on CPU)."""
+(benchmarks/replica_check.py, here at CI size on CPU)."""
 
 import json
 import os
@@ -59,7 +59,7 @@ def test_a_word_other_than_auto_is_refused(tmp_path):
 
 def test_bench_replica_check_runs_at_ci_size():
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(REPO / "scripts" / "bench_replica_check.py"), "--scale", "0.01", "--iters", "2",
+    cmd = [sys.executable, str(REPO / "benchmarks" / "replica_check.py"), "--scale", "0.01", "--iters", "2",
            "--copies", "2", "--step-ms", "10"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])  # one JSON line

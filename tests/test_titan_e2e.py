@@ -158,9 +158,9 @@ def test_killed_rank_restarts_from_checkpoint_and_ends_identical(demo_run, tmp_p
 
 
 def test_benchmark_log_parser_reads_the_run(demo_run, tmp_path):
-    # scripts/titan_logs.py (behind the summary, shaped-link and plot scripts) reads rank 0's
+    # benchmarks/titan_logs.py (behind the summary, shaped-link and plot scripts) reads rank 0's
     # console as the tests' own regexes read rank 0's log file.
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "benchmarks"))
     from titan_logs import parse, seconds_per_step
 
     console = tmp_path / "console.log"

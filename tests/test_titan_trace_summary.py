@@ -1,4 +1,4 @@
-"""scripts/titan_trace_summary.py on a hand-made trace whose numbers are known: kernels on two
+"""benchmarks/profiling/trace_summary.py on a hand-made trace whose numbers are known: kernels on two
 streams (overlapping), one launched from inside Optimizer.step, one launched in the next step."""
 
 import json
@@ -6,8 +6,8 @@ import sys
 
 from titan_launch import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
-import titan_trace_summary as tts  # noqa: E402
+sys.path.insert(0, str(REPO / "benchmarks" / "profiling"))
+import trace_summary as tts  # noqa: E402
 
 
 def _trace(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "scripts" / "launch.sh"
 CONFIGS = REPO / "train_configs"
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 from ports import free_port  # noqa: E402  (re-exported for the tests)
 from process_tree import kill_tree  # noqa: E402
 

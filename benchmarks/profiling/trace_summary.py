@@ -7,7 +7,7 @@ kernel start to last kernel end of the kernels launched in it), the time at leas
 optimizer's share (kernels launched inside `Optimizer.step#...` and their busy time, and the
 optimizer's CPU wall time), and the kernels by total time. Names are shortened to 70 characters.
 
-    python3 scripts/titan_trace_summary.py TRACE.json [TRACE2.json ...] > summary.md
+    python3 benchmarks/profiling/trace_summary.py TRACE.json [TRACE2.json ...] > summary.md
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ Static counts: a loop body (the top-k search's rounds, ~4.6 per block) is counte
 Registers and spills come from cuobjdump. The local Triton may differ from the GPU machines'
 (3.6), so compare variants with the same Triton, not these counts with a GPU's.
 
-    python3 scripts/kernel_sass_profile.py                        # 64x64 blocks, k=32, sign, tf32x3
-    python3 scripts/kernel_sass_profile.py --precision ieee --top 20 --json out.json
-    python3 scripts/kernel_sass_profile.py --kernel mean_decode
+    python3 benchmarks/profiling/kernel_sass.py                        # 64x64 blocks, k=32, sign, tf32x3
+    python3 benchmarks/profiling/kernel_sass.py --precision ieee --top 20 --json out.json
+    python3 benchmarks/profiling/kernel_sass.py --kernel mean_decode
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU, not the CPU interpreter
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns unless it is set
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 INSTR = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)")

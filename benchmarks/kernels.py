@@ -1,4 +1,4 @@
-"""Fused (Triton) codec benchmark on the tensors of scripts/bench_codec.py.
+"""Fused (Triton) codec benchmark on the tensors of benchmarks/codec.py.
 
 Per tensor of rank 0's FSDP shard of llama3-8B it times what one replica does each step:
 
@@ -14,7 +14,7 @@ Tensors the fused kernels do not support (1-D norms) take the torch path in ever
 torch path is timed too (same card, same run), and before timing the first tensor is checked
 against the torch path (max differences printed to stderr).
 
-  python3 scripts/bench_fused.py --device cuda --layers 32 --embeddings
+  python3 benchmarks/kernels.py --device cuda --layers 32 --embeddings
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, timed  # noqa: E402,E501
+from common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, timed  # noqa: E402,E501
 
 from flexdemo.compression.codec import (  # noqa: E402
     compress as compress_momentum,

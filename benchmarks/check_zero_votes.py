@@ -11,7 +11,7 @@ partial (zero-padded) blocks. Prints one JSON line; exits 1 if a check fails.
    fp32 coefficients, so a coefficient on a rounding boundary may differ by a bf16 ulp; there
    at most 1e-4 of the elements and 2**-7 of the momentum's scale).
 
-    python3 scripts/gpu_zero_votes.py [--steps 1000]
+    python3 benchmarks/check_zero_votes.py [--steps 1000]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from bench_common import record_decoded_directions
+from common import record_decoded_directions
 from flexdemo import DeMo
 
 ENCODINGS = ("sign", "scaled_sign", "fp32", "bf16")

@@ -2,9 +2,9 @@
 
 Run with one process per GPU (2 replicas x 1 shard):
 
-  torchrun --nproc_per_node 2 scripts/bench_diloco.py --flavor 1B --json out.json
+  torchrun --nproc_per_node 2 benchmarks/outer_step.py --flavor 1B --json out.json
   # the outer top-k's cost as k grows, fused kernels vs torch path, state on the GPU only:
-  torchrun --nproc_per_node 2 scripts/bench_diloco.py --topk 32,64,128,256 --configs topk:scaled_sign --no-host-state
+  torchrun --nproc_per_node 2 benchmarks/outer_step.py --topk 32,64,128,256 --configs topk:scaled_sign --no-host-state
 
 Parameters: the shapes of the llama3 flavor (fp32, random, same on every replica), each
 replica then moved by its own noise (a stand-in for H inner steps). Per configuration

@@ -6,7 +6,7 @@ the same llama-like shapes, one setting different on rank 1; every rank must rai
 ReplicaSettingsMismatch naming it, before any exchange. Prints one line per case and exits 1
 if a case does not behave.
 
-    python3 scripts/gpu_agreement_check.py
+    python3 benchmarks/check_agreement.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A long CPU soak of the tiny 2 replicas x 2 shards config, with one rank killed on the way.
 
-  python3 scripts/soak_cpu.py --steps 1000 --kill-at 550 --out outputs/soak [-- --flexdemo.mode diloco ...]
+  python3 benchmarks/soak.py --steps 1000 --kill-at 550 --out outputs/soak [-- --flexdemo.mode diloco ...]
 
 Trains ``--steps`` steps through scripts/launch.sh with checkpoints every ``--ckpt`` steps and
 the replica check every ``--check`` steps (a mismatch stops the run), SIGKILLs local rank 2

@@ -1,7 +1,7 @@
 """Summarize torchtitan logs of flexdemo / baseline runs as a markdown table.
 
-  python scripts/summarize_titan_logs.py outputs/titan_bench/*.log
-  python scripts/summarize_titan_logs.py --validation --baseline adamw --fewer-bytes-than diloco LOG...
+  python benchmarks/summarize_logs.py outputs/titan_bench/*.log
+  python benchmarks/summarize_logs.py --validation --baseline adamw --fewer-bytes-than diloco LOG...
 
 Per log (rank 0's lines): final loss, mean tokens/s per GPU over the logged steps after the
 first (compile and warm-up), the last validation loss, torchtitan's peak memory, bytes each rank sends and receives over

@@ -2,8 +2,8 @@
 ``replica_check_interval`` runs) over llama3-1B-shaped fp32 parameters (1.50 B, untied vocabulary)
 on one device, to choose the interval's default.
 
-  python3 scripts/bench_replica_check.py --device cuda         # the measurement (one GPU)
-  python3 scripts/bench_replica_check.py --scale 0.01          # CPU smoke (CI-size)
+  python3 benchmarks/replica_check.py --device cuda         # the measurement (one GPU)
+  python3 benchmarks/replica_check.py --scale 0.01          # CPU smoke (CI-size)
 
 One process in a world of 1 (gloo; NCCL on CUDA): the check's collectives then move nothing. Over
 a real replica group they carry one int64 per tensor (147 here: 1.2 kB) and one int64 verdict,
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import llama3_1b_shapes, sync  # noqa: E402
+from common import llama3_1b_shapes, sync  # noqa: E402
 
 from flexdemo.replica_check import check_replicas_identical  # noqa: E402
 

@@ -11,7 +11,7 @@ pinned copy, with overlap the copy on a side stream as soon as the exchange land
 
 Rank 0 prints one JSON line; exit 1 on a failed check.
 
-    torchrun --nproc_per_node 2 scripts/gpu_check_skip.py
+    torchrun --nproc_per_node 2 benchmarks/check_skip.py
 """
 
 from __future__ import annotations

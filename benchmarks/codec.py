@@ -10,17 +10,19 @@ compression component DeMo.step runs (``--path torch`` or ``--path fused``, the 
 against the memory-bound floor of reading and writing the fp32 momentum once (measured
 with an in-place scale), and compares payload bytes with a bf16 ring all-reduce.
 
-  python scripts/bench_codec.py --device cpu --layers 1
-  python scripts/bench_codec.py --device cuda --layers 32 --embeddings --path fused
+  python benchmarks/codec.py --device cpu --layers 1
+  python benchmarks/codec.py --device cuda --layers 32 --embeddings --path fused
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
+import sys
 
 import torch
-from bench_common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, timed
+from common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, timed
 
 from flexdemo.compression import TopkCompressor
 from flexdemo.compression.codec import payload_nbytes
@@ -101,7 +103,19 @@ def bench(args) -> dict:
     }
 
 
+def summarize(folder: str) -> None:
+    """One line per codec_*.json in ``folder`` (written by benchmarks/gpu.sh codec)."""
+    from pathlib import Path
+    for f in sorted(Path(folder).glob("codec_*.json")):
+        r = json.loads(f.read_text())
+        print(f"{f.stem:22s} floor {r['floor_ms']:6.2f} ms  encode {r['encode_ms']:7.2f}  "
+              f"decode {r['decode_ms']:7.2f}  (enc+dec)/floor {r['encode_plus_decode_over_floor']:6.1f}  "
+              f"fused buckets {r['fused_buckets']}/{r['buckets']}")
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
+        return summarize(sys.argv[2])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_tensor_set_args(ap, "cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--path", default="torch", choices=["torch", "fused"], help="optimizer path to time")
@@ -111,6 +125,7 @@ def main():
     result = bench(args)
     result["tf32"] = args.tf32
     emit(result, args.json)
+
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """Read a torchtitan + flexdemo console log (rank 0's lines) into per-step series.
 
-Shared by summarize_titan_logs.py, shaped_link.py and plot_runs.py. Times are the logger's
+Shared by summarize_logs.py, shaped_link.py and plot.py. Times are the logger's
 timestamps (seconds since the first training step's line), so loss can be put against wall time.
 """
 

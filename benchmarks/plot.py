@@ -1,13 +1,13 @@
 """Loss against tokens, bytes over the replica dimension and wall time, one line per method, as
 PNGs (matplotlib), from torchtitan + flexdemo logs (rank 0's console).
 
-  python3 scripts/plot_runs.py --out docs/plots/run outputs/run/{adamw,flexdemo,diloco}.log
-  python3 scripts/plot_runs.py --out docs/plots/shaped --shaped docs/results/shaped_link_2gpu_h100
+  python3 benchmarks/plot.py --out docs/plots/run outputs/run/{adamw,flexdemo,diloco}.log
+  python3 benchmarks/plot.py --out docs/plots/shaped --shaped docs/results/shaped_link_2gpu_h100
 
 Validation losses (torchtitan's validator: the same held-out tokens for every method) are the
 lines; where a log has none, its training-batch losses are plotted instead, labelled so.  Bytes
 are those each rank received over the replica dimension (flexdemo's counter; AdamW's modelled
-ring all-reduce, labelled).  With --shaped, the time axis is scripts/shaped_link.py's (its
+ring all-reduce, labelled).  With --shaped, the time axis is benchmarks/shaped_link.py's (its
 latency model added; AdamW's time extrapolated where it ran few steps on the link), said in the
 labels.
 """
@@ -86,7 +86,7 @@ def plot(all_series: list[Series], out_dir: Path, title: str = "") -> list[Path]
 
 
 def shaped_link_series(folder: Path) -> list[Series]:
-    """The methods of a scripts/shaped_link.py folder, wall time with its latency model added
+    """The methods of a benchmarks/shaped_link.py folder, wall time with its latency model added
     (results.json): each validation's measured time + steps x collectives per step x RTT; a
     method that ran only a few steps on the link has its curve from its off-link reference run
     (METHOD_reference.log), its time extrapolated from the step time measured on the link."""
@@ -110,7 +110,7 @@ def shaped_link_series(folder: Path) -> list[Series]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("logs", nargs="*")
-    ap.add_argument("--shaped", default=None, help="a scripts/shaped_link.py output folder instead of logs")
+    ap.add_argument("--shaped", default=None, help="a benchmarks/shaped_link.py output folder instead of logs")
     ap.add_argument("--out", default="docs/plots")
     ap.add_argument("--title", default="")
     args = ap.parse_args()

@@ -9,9 +9,9 @@ so the replica traffic crosses the link:
 These kernels have no netem, so latency cannot be emulated: a labelled model adds
 (replica-link collectives per step) x --rtt-ms to each measured wall time.
 
-  python3 scripts/shaped_link.py --device gpu --rate 1gbit --steps 1000 --flavor small \
+  python3 benchmarks/shaped_link.py --device gpu --rate 1gbit --steps 1000 --flavor small \
       --methods adamw,flexdemo,flexdemo_overlap,diloco,demo_diloco --out outputs/shaped_gpu
-  python3 scripts/shaped_link.py --device cpu --rate 50mbit --steps 10 --out outputs/shaped_cpu
+  python3 benchmarks/shaped_link.py --device cpu --rate 50mbit --steps 10 --out outputs/shaped_cpu
 
 The table covers every method logged in --out (so two calls can fill one folder) against AdamW's
 final validation loss.  A method that is slow on the link (AdamW; at 1B any method) can run only a
@@ -37,7 +37,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 from process_tree import kill_tree  # noqa: E402
 from titan_logs import last_exchange, mean_tokens_per_s, parse, seconds_per_step  # noqa: E402
 

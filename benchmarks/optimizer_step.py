@@ -2,7 +2,7 @@
 fused AdamW and one copy of the parameters, for llama3-1B-shaped fp32 parameters with an
 untied 128,256-token vocabulary (1.50 B parameters; one replica, so the exchange is local).
 
-  python3 scripts/bench_optimizer_step.py --json out.json
+  python3 benchmarks/optimizer_step.py --json out.json
 
 Rows: DeMo (fused Triton kernels, sign values) with kernel_precision "ieee", the same with "tf32x3" (the default),
 DeMo's torch path, fused AdamW, and ``p.copy_(q)`` over all parameters (the memory floor of
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench_common import llama3_1b_shapes
+from common import llama3_1b_shapes
 from flexdemo import DeMo
 
 

@@ -1,7 +1,7 @@
 """Run training variants side by side (one scripts/launch.sh job each, sharing this machine's
 devices) and tabulate their held-out validation losses: the convergence-recipe sweep.
 
-  python3 scripts/run_variants.py --out outputs/recipe --concurrent 2 --timeout 300 \
+  python3 benchmarks/runs.py --out outputs/recipe --concurrent 2 --timeout 300 \
       --common "--model.flavor small --training.steps 1000 --validation.freq 100" \
       "dd_top256_decay1 gpu_2gpu_demo_diloco --flexdemo.outer_topk 256 --flexdemo.outer_decay 1.0" \
       "adamw_lr3e-3 gpu_2gpu_ddp_adamw --optimizer.lr 3e-3"
@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 from ports import free_port  # noqa: E402
 from process_tree import kill_tree  # noqa: E402
-from summarize_titan_logs import validation_table  # noqa: E402
+from summarize_logs import validation_table  # noqa: E402
 from titan_logs import parse  # noqa: E402
 
 

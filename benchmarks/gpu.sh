@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The one entry point for measurements on a GPU machine (no internet needed):
+#   bash benchmarks/gpu.sh SUITE [ARGS...]
+# Results go to $OUT/SUITE/ (OUT defaults to outputs/) and are tarred into $OUT/SUITE.tgz; the
+# card is recorded in gpus.txt beside them. Wheels found in .whl/ (git-ignored) are installed
+# first, for machines without internet; fetch them elsewhere for Python 3.12 with
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl \
+#     torchtitan==0.2.2 tyro torchdata datasets tomli dill multiprocess docstring-parser typeguard \
+#     shtab xxhash fsspec pyroute2
+#
+# Suites (benchmarks/README.md says what each measures):
+#   codec                 encode/decode time per encoding, torch vs fused, and the kernels (1 GPU)
+#   step [BASELINE_DIR]   one optimizer step at 1B shapes: DeMo vs fused AdamW; BASELINE_DIR: the
+#                         same for an older flexdemo package (git archive REV flexdemo | tar -x -C DIR)
+#   outer [ARGS]          the DiLoCo outer step alone, 2 GPUs (benchmarks/outer_step.py ARGS)
+#   runs [ARGS]           torchtitan runs side by side with their held-out losses (benchmarks/runs.py)
+#   link [ARGS]           torchtitan runs over a real shaped link, 2 GPUs (benchmarks/shaped_link.py)
+#   checks                GPU correctness: zero votes, start-up agreement, skipped steps, replica check
+#   profile [RUN...]      torch.profiler traces of 1B runs (adamw, flexdemo, flexdemo_overlap) and
+#                         where each step's GPU time goes; LAYOUT=2x2 for 4 GPUs, STEPS (default 30)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SUITE=${1:?usage: bash benchmarks/gpu.sh codec|step|outer|runs|link|checks|profile [ARGS...]}
+shift
+R="${OUT:-outputs}/$SUITE"
+mkdir -p "$R"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH"  # torchrun
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/gpus.txt"
+NGPU=$(nvidia-smi -L | wc -l)
+
+# 1B comparisons: seq 2048, local batch 4, warm-up 10, logged every 5 steps.
+TITAN_1B=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4
+          --lr_scheduler.warmup_steps 10 --metrics.log_freq 5)
+
+case "$SUITE" in
+codec)
+  B=(python3 benchmarks/codec.py --device cuda --layers 32 --embeddings --iters 5)
+  "${B[@]}" --path torch --encoding sign --json "$R/codec_torch_sign.json" > /dev/null
+  for enc in sign scaled_sign bf16 fp32; do
+    "${B[@]}" --path fused --encoding "$enc" --json "$R/codec_fused_$enc.json" > /dev/null
+  done
+  python3 benchmarks/kernels.py --device cuda --layers 32 --embeddings --iters 5 --json "$R/kernels.json" \
+    > "$R/kernels.txt" 2>&1
+  python3 benchmarks/codec.py --summarize "$R"
+  ;;
+step)
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/optimizer_step.py --json "$R/step.json" | tee "$R/step.txt"
+  if [[ -n "${1:-}" ]]; then
+    CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$1:$PYTHONPATH" python3 benchmarks/optimizer_step.py \
+      --json "$R/step_baseline.json" | tee "$R/step_baseline.txt"
+  fi
+  ;;
+outer)
+  timeout 540 torchrun --nproc_per_node 2 --master_port 29511 benchmarks/outer_step.py "$@" \
+    --json "$R/outer_step.json" 2>&1 | tee "$R/outer_step.log" | grep -vi warning | tail -20
+  ;;
+runs)
+  python3 benchmarks/runs.py --out "$R" "$@" 2>&1 | tail -20
+  ;;
+link)
+  python3 benchmarks/shaped_link.py --device gpu --out "$R" "$@" 2>&1 | grep -v Warning | tail -20
+  ;;
+checks)
+  echo "=== zero votes"
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/check_zero_votes.py > "$R/zero_votes.json" 2> "$R/zero_votes.err"
+  echo "exit $?"; head -c 600 "$R/zero_votes.json"; echo
+  echo "=== start-up agreement (2 GPUs)"
+  CUDA_VISIBLE_DEVICES=0,1 timeout 240 python3 benchmarks/check_agreement.py > "$R/agreement.txt" 2>&1
+  echo "exit $?"; tail -8 "$R/agreement.txt"
+  echo "=== skipped steps (2 GPUs)"
+  CUDA_VISIBLE_DEVICES=0,1 timeout 240 torchrun --nproc_per_node 2 --master_port 29512 benchmarks/check_skip.py \
+    > "$R/skip.txt" 2>&1
+  echo "exit $?"; grep '^{' "$R/skip.txt" | tail -1
+  echo "=== replica check cost"
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/replica_check.py --device cuda > "$R/replica_check.json" 2>&1
+  echo "exit $?"; tail -3 "$R/replica_check.json"
+  ;;
+profile)
+  if [[ ${LAYOUT:-2x1} == 2x2 ]]; then
+    export CUDA_VISIBLE_DEVICES=0,1,2,3 NPROC=4; base=gpu_4gpu_2x2_hsdp_adamw flex=gpu_4gpu_2x2_flexdemo ranks="0 2"
+  else
+    export CUDA_VISIBLE_DEVICES=0,1 NPROC=2; base=gpu_2gpu_ddp_adamw flex=gpu_2gpu_flexdemo ranks=0
+  fi
+  export LOG_RANK=0
+  STEPS=${STEPS:-30}; AT=$((STEPS - 5))
+  for name in "${@:-adamw flexdemo flexdemo_overlap}"; do
+    for run in $name; do
+      case $run in
+        adamw) flags=("train_configs/$base.toml") ;;
+        flexdemo) flags=("train_configs/$flex.toml" --optimizer.lr 3e-4) ;;
+        flexdemo_overlap) flags=("train_configs/$flex.toml" --optimizer.lr 3e-4 --flexdemo.overlap) ;;
+        *) echo "unknown run $run (adamw, flexdemo, flexdemo_overlap)" >&2; exit 2 ;;
+      esac
+      echo "=== $run"
+      timeout 240 bash scripts/launch.sh "${flags[@]}" "${TITAN_1B[@]}" --training.steps "$STEPS" \
+        --profiling.enable_profiling --profiling.profile_freq "$AT" --profiling.profiler_warmup 3 \
+        --profiling.profiler_active 2 --job.dump_folder "/tmp/runs/$run" > "$R/$run.log" 2>&1
+      echo "exit $?"
+      for rank in $ranks; do
+        trace=$(ls /tmp/runs/$run/profile_traces/iteration_*/rank${rank}_trace.json 2>/dev/null | tail -1)
+        [[ -z "$trace" ]] && continue
+        python3 benchmarks/profiling/trace_summary.py "$trace" > "$R/trace_${run}_rank$rank.md" 2>&1
+        head -12 "$R/trace_${run}_rank$rank.md"
+      done
+    done
+  done
+  python3 benchmarks/summarize_logs.py "$R"/*.log | tee "$R/summary.md"
+  ;;
+*)
+  echo "unknown suite $SUITE: codec, step, outer, runs, link, checks or profile" >&2; exit 2 ;;
+esac
+tar czf "${OUT:-outputs}/$SUITE.tgz" --exclude dumps -C "${OUT:-outputs}" "$SUITE"
