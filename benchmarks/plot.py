@@ -1,27 +1,37 @@
-"""Loss against tokens, bytes over the replica dimension and wall time, one line per method, as
-PNGs (matplotlib), from torchtitan + flexdemo logs (rank 0's console).
+"""Loss against tokens, bytes over the replica dimension and wall time, one line per run, as
+PNGs (matplotlib), from torchtitan + flexdemo logs (rank 0's console) or from the compact per-run
+CSV summaries kept in docs/results/ (written from such logs by --extract).
 
-  python3 benchmarks/plot.py --out docs/plots/run outputs/run/{adamw,flexdemo,diloco}.log
-  python3 benchmarks/plot.py --out docs/plots/shaped --shaped docs/results/shaped_link_2gpu_h100
+  python3 benchmarks/plot.py --out outputs/plots outputs/runs/{adamw,flexdemo,diloco}.log
+  python3 benchmarks/plot.py --extract outputs/runs/runs.csv outputs/runs/*.log [NAME=LOG ...]
+  python3 benchmarks/plot.py --csv docs/results/1b_convergence/runs.csv --runs adamw,flexdemo --out DIR
+  python3 benchmarks/plot.py --shaped docs/results/link_small_1gbit --out docs/plots/link_small_1gbit
 
 Validation losses (torchtitan's validator: the same held-out tokens for every method) are the
-lines; where a log has none, its training-batch losses are plotted instead, labelled so.  Bytes
+lines; where a run has none, its training-batch losses are plotted instead, labelled so.  Bytes
 are those each rank received over the replica dimension (flexdemo's counter; AdamW's modelled
-ring all-reduce, labelled).  With --shaped, the time axis is benchmarks/shaped_link.py's (its
-latency model added; AdamW's time extrapolated where it ran few steps on the link), said in the
-labels.
+ring all-reduce, labelled).  With --shaped (a benchmarks/shaped_link.py folder: its results.json
+and either its logs or their runs.csv), the time axis is shaped_link.py's (its latency model
+added; a method's time extrapolated where it ran few steps on the link), said in the labels.
+
+The CSV has one row per logged step of each run: run, step, tokens (all replicas), loss (training
+batch), val_loss, seconds / val_seconds (after step 1's log line), tokens_per_s (per GPU, as
+torchtitan logs it), bytes_sent (this step, per rank), bytes_received_total (per rank, so far) and
+bytes_modelled (1: AdamW's all-reduce bytes are modelled from its gradient size, not counted).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from titan_logs import RunLog, parse  # noqa: E402
+from titan_logs import Exchange, RunLog, parse  # noqa: E402
 
 
 @dataclass
@@ -32,6 +42,60 @@ class Series:
     tokens: list[float]
     bytes: list[float | None]
     seconds: list[float | None]
+
+
+FIELDS = ("run", "step", "tokens", "loss", "val_loss", "seconds", "val_seconds", "tokens_per_s",
+          "bytes_sent", "bytes_received_total", "bytes_modelled")
+
+
+def _cell(x, fmt: str = "") -> str:
+    return "" if x is None else format(x, fmt)
+
+
+def csv_rows(run: RunLog) -> list[dict]:
+    """One row per step that ``run`` logged anything at (training loss, validation, exchange)."""
+    rows = []
+    for s in sorted({*run.loss, *run.validation, *run.exchange}):
+        x = run.exchange.get(s)
+        rows.append({"run": run.name, "step": s,
+                     "tokens": _cell(s * run.tokens_per_step if run.tokens_per_step else None),
+                     "loss": _cell(run.loss.get(s), ".4f"), "val_loss": _cell(run.validation.get(s), ".4f"),
+                     "seconds": _cell(run.step_time.get(s), ".2f"),
+                     "val_seconds": _cell(run.validation_time.get(s), ".2f"),
+                     "tokens_per_s": _cell(run.tps.get(s), ".0f"), "bytes_sent": _cell(x and x.sent),
+                     "bytes_received_total": _cell(x and x.received_total),
+                     "bytes_modelled": int(run.bytes_modelled)})
+    return rows
+
+
+def write_csv(path: Path, runs: list[RunLog]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS, lineterminator="\n")
+        w.writeheader()
+        for run in runs:
+            w.writerows(csv_rows(run))
+
+
+def read_csv(path: Path) -> dict[str, RunLog]:
+    """The runs of a CSV written by write_csv, as RunLogs (in file order) that series() and
+    titan_logs' helpers read as they read a parsed log: losses, times, tokens/s, bytes."""
+    runs: dict[str, RunLog] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            run = runs.setdefault(row["run"], RunLog(row["run"]))
+            s = int(row["step"])
+            if row["tokens"] and run.tokens_per_step is None:
+                run.tokens_per_step = int(row["tokens"]) // s
+            for attr, key in (("loss", "loss"), ("validation", "val_loss"), ("step_time", "seconds"),
+                              ("validation_time", "val_seconds"), ("tps", "tokens_per_s")):
+                if row[key]:
+                    getattr(run, attr)[s] = float(row[key])
+            if row["bytes_received_total"]:
+                run.exchange[s] = Exchange(int(row["bytes_sent"] or 0), 0, int(row["bytes_received_total"]),
+                                           math.nan, None)
+            run.bytes_modelled = run.bytes_modelled or row["bytes_modelled"] == "1"
+    return runs
 
 
 def _at(table: dict[int, float], step: int) -> float | None:
@@ -89,15 +153,24 @@ def shaped_link_series(folder: Path) -> list[Series]:
     """The methods of a benchmarks/shaped_link.py folder, wall time with its latency model added
     (results.json): each validation's measured time + steps x collectives per step x RTT; a
     method that ran only a few steps on the link has its curve from its off-link reference run
-    (METHOD_reference.log), its time extrapolated from the step time measured on the link."""
+    (METHOD_reference), its time extrapolated from the step time measured on the link.  The runs
+    come from the folder's runs.csv where it has one, else from its logs (METHOD.log)."""
     res = json.loads((folder / "results.json").read_text())
     rtt = res["args"]["rtt_ms"] / 1000
+    table = read_csv(folder / "runs.csv") if (folder / "runs.csv").is_file() else None
+
+    def load(name: str) -> RunLog | None:
+        if table is not None:
+            return table.get(name)
+        return parse(folder / f"{name}.log", name) if (folder / f"{name}.log").is_file() else None
+
     out = []
     for m, r in res["methods"].items():
-        run = parse(folder / f"{m}.log", m)
+        run = load(m)
         label = f"{m} (+{res['args']['rtt_ms']:g} ms RTT model)"
-        if (folder / f"{m}_reference.log").is_file():  # a few steps on the link, the curve off it
-            run = parse(folder / f"{m}_reference.log", m)
+        if (ref := load(f"{m}_reference")) is not None:  # a few steps on the link, the curve off it
+            run = ref
+            run.name = m
             seconds = {s: s * r["seconds_per_step"] for s in run.validation}
             label = f"{m} (time: {r['steps']} steps measured on the link, extrapolated; + RTT model)"
         else:
@@ -107,16 +180,45 @@ def shaped_link_series(folder: Path) -> list[Series]:
     return out
 
 
+def _named_logs(specs: list[str]) -> list[RunLog]:
+    """LOG or NAME=LOG (the run's name in the CSV; default the log's file name)."""
+    out = []
+    for spec in specs:
+        name, eq, path = spec.partition("=")
+        out.append(parse(path, name) if eq else parse(spec))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("logs", nargs="*")
+    ap.add_argument("logs", nargs="*", help="console logs, LOG or NAME=LOG")
     ap.add_argument("--shaped", default=None, help="a benchmarks/shaped_link.py output folder instead of logs")
-    ap.add_argument("--out", default="docs/plots")
+    ap.add_argument("--csv", default=None, help="a CSV written by --extract instead of logs")
+    ap.add_argument("--runs", default="", help="with --csv: the runs to plot, comma-separated (default: all)")
+    ap.add_argument("--extract", default=None, metavar="CSV",
+                    help="write the logs' per-step summary to this CSV instead of plotting")
+    ap.add_argument("--out", default="outputs/plots")
     ap.add_argument("--title", default="")
     args = ap.parse_args()
-    if bool(args.logs) == bool(args.shaped):
-        ap.error("give either logs or --shaped FOLDER")
-    all_series = shaped_link_series(Path(args.shaped)) if args.shaped else [series(parse(p)) for p in args.logs]
+    if sum(map(bool, (args.logs, args.shaped, args.csv))) != 1:
+        ap.error("give exactly one of: logs, --shaped FOLDER, --csv FILE")
+    if args.extract:
+        if not args.logs:
+            ap.error("--extract takes logs")
+        write_csv(Path(args.extract), _named_logs(args.logs))
+        print(args.extract)
+        return 0
+    if args.shaped:
+        all_series = shaped_link_series(Path(args.shaped))
+    elif args.csv:
+        table = read_csv(Path(args.csv))
+        names = [n for n in args.runs.split(",") if n] or list(table)
+        missing = [n for n in names if n not in table]
+        if missing:
+            ap.error(f"no run {missing} in {args.csv}; it has {list(table)}")
+        all_series = [series(table[n]) for n in names]
+    else:
+        all_series = [series(r) for r in _named_logs(args.logs)]
     paths = plot(all_series, Path(args.out), args.title)
     print("\n".join(str(p) for p in paths))
     return 0

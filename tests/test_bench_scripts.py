@@ -1,5 +1,6 @@
 """The shaped-link script's time-to-loss arithmetic, on hand-written logs whose answers are worked
-out here (no training: the scripts' real runs are recorded in docs/benchmarks.md)."""
+out here, and plot.py's compact CSV summaries (no training: the scripts' real runs are summarized in
+docs/results.md)."""
 
 import argparse
 import json
@@ -15,6 +16,7 @@ import pytest
 from titan_launch import REPO, cache_holding
 
 sys.path.insert(0, str(REPO / "benchmarks"))
+import plot  # noqa: E402
 import shaped_link  # noqa: E402
 import summarize_logs  # noqa: E402
 import titan_logs  # noqa: E402
@@ -235,3 +237,45 @@ def test_runs_timeout_stops_torchruns_workers(tmp_path, assets):
     for pid in left:  # a failing run must not leave them behind either
         os.kill(pid, 9)
     assert left == [], log[-2000:]
+
+
+def test_plot_csv_keeps_what_the_plots_and_tables_read(results, tmp_path):
+    # The `results` fixture's shaped-link folder, reduced to runs.csv + results.json: the series
+    # drawn from the CSV equal those drawn from the logs (losses, tokens, bytes, the time axis
+    # with its RTT model and extrapolation), and the table helpers read the same numbers back.
+    logs = sorted(tmp_path.glob("*.log"))
+    plot.write_csv(tmp_path / "runs.csv", [titan_logs.parse(p) for p in logs])
+    compact = tmp_path / "compact"
+    compact.mkdir()
+    (compact / "runs.csv").write_text((tmp_path / "runs.csv").read_text())
+    (compact / "results.json").write_text((tmp_path / "results.json").read_text())
+    from_logs, from_csv = plot.shaped_link_series(tmp_path), plot.shaped_link_series(compact)
+    assert [s.label for s in from_csv] == [s.label for s in from_logs]
+    for a, b in zip(from_logs, from_csv):
+        assert (a.step, a.loss, a.tokens, a.bytes) == (b.step, b.loss, b.tokens, b.bytes)
+        assert b.seconds == pytest.approx(a.seconds, abs=0.01)
+    # AdamW's curve from its reference, timed at 2 s per measured step + 7 collectives x 20 ms
+    # (4 buckets + the token count + the logged loss's 2 all-reduces at log_freq 1).
+    adamw = next(s for s in from_csv if s.label.startswith("adamw"))
+    assert adamw.loss == [6.0, 5.0] and adamw.seconds == pytest.approx([10 * 2.14, 20 * 2.14])
+    assert adamw.label.endswith("[bytes modelled]")
+    runs = plot.read_csv(compact / "runs.csv")
+    flex = runs["flexdemo"]
+    assert flex.tokens_per_step == 128 and flex.validation == {10: 4.9, 20: 4.5}
+    assert titan_logs.last_exchange(flex).received_total == 20 * 7
+    assert titan_logs.mean_tokens_per_s(flex) == 1000
+    assert summarize_logs.validation_table(list(runs.values())) == summarize_logs.validation_table(
+        [titan_logs.parse(p) for p in logs])
+
+
+def test_plot_draws_from_the_csv(results, tmp_path):
+    pytest.importorskip("matplotlib")
+    plot.write_csv(tmp_path / "runs.csv", [titan_logs.parse(tmp_path / "flexdemo.log")])
+    out = tmp_path / "plots"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot.py"), "--csv", str(tmp_path / "runs.csv"),
+                        "--runs", "flexdemo", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["loss_vs_bytes.png", "loss_vs_time.png", "loss_vs_tokens.png"]
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot.py"), "--csv", str(tmp_path / "runs.csv"),
+                          "--runs", "nope", "--out", str(out)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no run ['nope']" in bad.stderr

@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_2gpu_ddp_adamw.toml --model.flavor small --training.steps 1024 --validation.freq 128 --optimizer.lr 1e-3 --job.dump_folder /tmp/variants/adamw_lr1e-3 --metrics.disable_color_printing

@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_2gpu_diloco.toml --model.flavor small --training.steps 1024 --validation.freq 128 --flexdemo.sync_interval 32 --optimizer.lr 1e-3 --flexdemo.replica_check_interval 128 --job.dump_folder /tmp/variants/diloco_h32_lr1e-3 --metrics.disable_color_printing

@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_2gpu_demo_diloco.toml --model.flavor small --training.steps 1024 --validation.freq 128 --flexdemo.outer_topk 60 --flexdemo.outer_lr 2.5 --flexdemo.outer_decay 0.95 --job.dump_folder /tmp/variants/dd_h32_sl_top60_sign_olr25 --metrics.disable_color_printing

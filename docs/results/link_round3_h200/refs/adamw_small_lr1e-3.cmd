@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_2gpu_ddp_adamw.toml --model.flavor small --training.steps 1000 --validation.freq 100 --optimizer.lr 1e-3 --model.flavor small --training.steps 1000 --validation.freq 100 --job.dump_folder /tmp/variants/adamw_small_lr1e-3 --metrics.disable_color_printing

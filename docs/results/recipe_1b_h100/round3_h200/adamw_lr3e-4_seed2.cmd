@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_2gpu_ddp_adamw.toml --model.flavor 1B --training.steps 1024 --validation.freq 128 --debug.seed 4321 --job.dump_folder /tmp/variants/adamw_lr3e-4_seed2 --metrics.disable_color_printing

@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_2gpu_flexdemo.toml --model.flavor 1B --training.steps 1024 --validation.freq 128 --optimizer.lr 3e-4 --job.dump_folder /tmp/variants/flexdemo_lr3e-4 --metrics.disable_color_printing

@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_2gpu_ddp_adamw.toml --model.flavor 1B --training.steps 1024 --validation.freq 128 --job.dump_folder /tmp/variants/adamw_lr3e-4 --metrics.disable_color_printing

@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_2gpu_demo_diloco.toml --model.flavor 1B --training.steps 1024 --validation.freq 128 --flexdemo.sync_interval 32 --flexdemo.replica_check_interval 128 --flexdemo.outer_lr 1.0 --debug.seed 4321 --job.dump_folder /tmp/variants/dd_h32_olr1_seed2 --metrics.disable_color_printing

@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_2gpu_demo_diloco.toml --model.flavor small --training.steps 1000 --validation.freq 100 --flexdemo.outer_topk 1024 --flexdemo.outer_decay 0.9 --job.dump_folder /tmp/variants/dd_top1024_decay09 --metrics.disable_color_printing

@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_2gpu_demo_diloco.toml --model.flavor small --training.steps 1000 --validation.freq 100 --flexdemo.outer_topk 32 --flexdemo.outer_decay 1.0 --job.dump_folder /tmp/variants/dd_top32_decay1 --metrics.disable_color_printing

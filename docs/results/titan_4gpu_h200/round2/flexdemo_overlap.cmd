@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_4gpu_2x2_flexdemo.toml --model.flavor 1B --training.steps 128 --validation.freq 128 --flexdemo.overlap --job.dump_folder /tmp/variants/flexdemo_overlap --metrics.disable_color_printing

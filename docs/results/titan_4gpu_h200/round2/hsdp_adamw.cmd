@@ -1,1 +1,0 @@
-bash /work/main/scripts/launch.sh /work/main/train_configs/gpu_4gpu_2x2_hsdp_adamw.toml --model.flavor 1B --training.steps 128 --validation.freq 128 --job.dump_folder /tmp/variants/hsdp_adamw --metrics.disable_color_printing
