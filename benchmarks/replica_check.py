@@ -13,8 +13,8 @@ those two in pinned host memory, as with ``outer_state_device = "cpu"``; hashed 
 
 Prints one JSON line: the check's median ms over ``--iters`` (after one warm-up), the elements
 hashed, GB/s of tensor bytes, and against a step of ``--step-ms`` (default: the 1B step, 8,192
-tokens per GPU (seq 2048 x local batch 4, scripts/gpu_env.sh titan_1b_flags) at 52,500
-tokens/s/GPU on 2 x H100, docs/benchmarks.md: 156 ms) the share of step time at a few intervals
+tokens per GPU (seq 2048 x local batch 4, benchmarks/gpu.sh's 1B flags) at 52,500
+tokens/s/GPU on 2 x H100, docs/results.md: 156 ms) the share of step time at a few intervals
 and the smallest interval whose share is <= 0.5%.
 """
 

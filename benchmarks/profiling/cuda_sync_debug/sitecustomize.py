@@ -3,7 +3,7 @@ worker on a GPU reports each host<->GPU synchronization it makes
 (torch.cuda.set_sync_debug_mode("warn")), counted per Python stack (its last frames outside
 torch and the standard library): where a training step waits for the GPU. Written at exit to
 $CUDA_SYNC_DEBUG_DIR/rank<RANK>.txt (default /tmp/cuda_sync_debug). Used by
-scripts/gpu_titan_profile.sh (SYNC_DEBUG=1)."""
+benchmarks/README.md (profiling)."""
 
 import atexit
 import collections
