@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from flexdemo.compression.dct import block_layout, blocks_dct
+from flexdemo.wire.dct import block_layout, blocks_dct
 
 
 def momentum_like(n: int, steps: int, seed: int) -> torch.Tensor:
