@@ -25,8 +25,8 @@ import torch
 from common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, shard_shape, timed
 
 from flexdemo.compression import TopkCompressor
-from flexdemo.compression.codec import payload_nbytes
-from flexdemo.compression.dct import block_layout
+from flexdemo.wire.dct import block_layout
+from flexdemo.wire.format import payload_nbytes
 
 @torch.no_grad()
 def bench(args) -> dict:

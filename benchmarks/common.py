@@ -10,7 +10,8 @@ import time
 
 import torch
 
-from flexdemo.compression.codec import VALUE_ENCODINGS, decode_mean
+from flexdemo.compression.codec import decode_mean
+from flexdemo.wire.format import VALUE_ENCODINGS
 
 DIM, FFN, KV, VOCAB = 4096, 14336, 1024, 128256
 

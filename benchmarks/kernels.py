@@ -38,7 +38,6 @@ from flexdemo.compression.codec import (  # noqa: E402
     sent_values,
     unpack_payload,
 )
-from flexdemo.compression.dct import block_layout, blocks_dct, blocks_idct  # noqa: E402
 from flexdemo.kernels import (  # noqa: E402
     fused_decode_update,
     fused_encode,
@@ -51,6 +50,7 @@ from flexdemo.kernels import (  # noqa: E402
     group_block_offsets,
     group_key,
 )
+from flexdemo.wire.dct import block_layout, blocks_dct, blocks_idct  # noqa: E402
 
 LR, DECAY, PARAM_LR = 1e-3, 0.999, 1e-2
 

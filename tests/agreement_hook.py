@@ -6,6 +6,6 @@ import os
 import flexdemo.titan.register  # noqa: F401  (the specs)
 
 if os.environ.get("RANK") == "1":
-    import flexdemo.compression.codec as codec
+    import flexdemo.wire.format as wire_format
 
-    codec.WIRE_FORMAT_VERSION += 1
+    wire_format.WIRE_FORMAT_VERSION += 1

@@ -41,29 +41,29 @@ def _diloco(rank, **differ):
 
 def _fused_on_rank1(rank):
     """The fused path can't run on CPU: rank 1 is told its buckets fit the kernels (the decision
-    the compressor takes from fused_supported); the agreement refuses before any kernel runs."""
-    import flexdemo.compression.compressor as compressor
+    compression.paths takes from fused_supported); the agreement refuses before any kernel runs."""
+    import flexdemo.compression.paths as paths
 
     if rank == 1:
-        compressor.fused_supported = lambda *args, **kwargs: True
+        paths.fused_supported = lambda *args, **kwargs: True
     try:
         return _demo(rank)
     finally:
         import flexdemo.kernels as kernels
 
-        compressor.fused_supported = kernels.fused_supported
+        paths.fused_supported = kernels.fused_supported
 
 
 def _format_on_rank1(rank):
-    import flexdemo.compression.codec as codec
+    import flexdemo.wire.format as wire_format
 
     if rank == 1:
-        codec.WIRE_FORMAT_VERSION += 1  # this process only
+        wire_format.WIRE_FORMAT_VERSION += 1  # this process only
     try:
         return _demo(rank)
     finally:
         if rank == 1:
-            codec.WIRE_FORMAT_VERSION -= 1
+            wire_format.WIRE_FORMAT_VERSION -= 1
 
 
 # case -> (build(rank), the setting named, rank 0's value, rank 1's value)
@@ -90,7 +90,7 @@ CASES = {
 
 def _all_cases(rank, world):
     from flexdemo.compression.agreement import ReplicaSettingsMismatch
-    from flexdemo.compression.codec import WIRE_FORMAT_VERSION
+    from flexdemo.wire.format import WIRE_FORMAT_VERSION
 
     out = {}
     for name, (build, *_) in CASES.items():

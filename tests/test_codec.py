@@ -3,12 +3,12 @@ import math
 import pytest
 import torch
 
-from flexdemo.compression.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
 from flexdemo.compression.codec import (
-    compress, mean_of_selected, pack_payload, payload_nbytes, scaled_signs, select_topk, unpack_payload,
-    value_nbytes,
+    compress, mean_of_selected, pack_payload, scaled_signs, select_topk, unpack_payload,
 )
-from flexdemo.compression.dct import block_layout, blocks_dct, blocks_idct
+from flexdemo.wire.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
+from flexdemo.wire.dct import block_layout, blocks_dct, blocks_idct
+from flexdemo.wire.format import payload_nbytes, value_nbytes
 
 
 def test_bits_for():

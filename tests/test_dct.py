@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from flexdemo.compression.codec import payload_nbytes
-from flexdemo.compression.dct import block_layout, blocks_dct, blocks_idct, chunk_size, dct_matrix
+from flexdemo.wire.dct import block_layout, blocks_dct, blocks_idct, chunk_size, dct_matrix
+from flexdemo.wire.format import payload_nbytes
 from reference_demo import ref_chunk, ref_dct_basis
 
 

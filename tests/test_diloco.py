@@ -115,8 +115,8 @@ def _payload_bytes(rank, world):
 
 
 def test_topk_bytes_are_the_payload_formula():
-    from flexdemo.compression.codec import payload_nbytes
-    from flexdemo.compression.dct import block_layout
+    from flexdemo.wire.dct import block_layout
+    from flexdemo.wire.format import payload_nbytes
 
     expected = 0
     buckets = {}

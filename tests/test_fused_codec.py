@@ -14,7 +14,7 @@ import torch
 from triton_interpreter import kernels_or_skip
 
 from flexdemo.compression.codec import compress, mean_of_selected, pack_payload, scaled_signs, unpack_payload
-from flexdemo.compression.dct import block_layout, blocks_idct
+from flexdemo.wire.dct import block_layout, blocks_idct
 
 fc = kernels_or_skip()
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from triton_interpreter import kernels_or_skip
 
-from flexdemo.compression.dct import block_layout
+from flexdemo.wire.dct import block_layout
 
 fc = kernels_or_skip()
 

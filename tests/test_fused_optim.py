@@ -55,8 +55,8 @@ NEAR_ZERO = 1e-5
 
 @pytest.mark.parametrize("encoding", ["fp32", "sign", "scaled_sign"])
 def test_fused_path_matches_torch_path(encoding):
-    from flexdemo.compression.dct import block_layout
     from flexdemo.kernels import fused_supported
+    from flexdemo.wire.dct import block_layout
 
     fused_params, fused_opt = _build(True, encoding)
     torch_params, torch_opt = _build(False, encoding)

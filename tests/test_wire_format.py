@@ -17,7 +17,8 @@ These are format version 2: a change to any of these bytes must bump WIRE_FORMAT
 import pytest
 import torch
 
-from flexdemo.compression.codec import WIRE_FORMAT_VERSION, pack_payload, scaled_signs, unpack_payload
+from flexdemo.compression.codec import pack_payload, scaled_signs, unpack_payload
+from flexdemo.wire.format import WIRE_FORMAT_VERSION
 
 IDX = torch.tensor([[3, 10], [5, 0]])
 VALS = torch.tensor([[-1.5, 2.0], [0.75, 0.0]])

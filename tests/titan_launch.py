@@ -154,8 +154,8 @@ def expected_payload_bytes(shard: int, encoding: str = "sign", shards: int = 2, 
     """The payload formula for this rank's FSDP shard of the debug model: tensors that share a
     block shape form one bucket of ceil(blocks*k*bits/8) index bytes + the value bytes (1-bit
     values: then a bits_for(k + 1)-bit voter count per block); one flag byte ends the payload."""
-    from flexdemo.compression.bitpack import bits_for
-    from flexdemo.compression.dct import block_layout
+    from flexdemo.wire.bitpack import bits_for
+    from flexdemo.wire.dct import block_layout
 
     blocks_per_bucket = {}
     for shape in debugmodel_local_shapes(shard, shards):

@@ -1,6 +1,7 @@
-"""What travels over the slow link, independent of why it is sent: the chunked DCT, bit
-packing, the top-k payload codec, the bucketed payload plan, the collectives over the replica
-group, and :class:`TopkCompressor`, the one compression path both modes call."""
+"""What travels over the slow link, independent of why it is sent: the top-k payload codec
+(torch ops; the bytes are :mod:`flexdemo.wire`'s), the bucketed payload plan, the torch-or-fused
+choice per bucket, the collectives over the replica group, the replicas' start-up agreement, and
+:class:`TopkCompressor`, the one compression path both modes call."""
 
 from flexdemo.compression.compressor import TopkCompressor
 

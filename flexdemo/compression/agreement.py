@@ -24,8 +24,8 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from flexdemo.compression import codec
 from flexdemo.compression.exchange import all_gather_flat, distributed, group_size
+from flexdemo.wire import format as wire_format
 
 ABSENT = "nothing (the setting is missing there)"
 
@@ -116,7 +116,7 @@ def compressor_settings(buckets, entries, encoding: str, kernel_precision: str,
     not by re-deriving the block rule."""
     planned = {id(m.param): (m.layout, b.k) for b in buckets for m in b.members}
     settings = {
-        "payload format version": str(codec.WIRE_FORMAT_VERSION),  # read now: tests patch it
+        "payload format version": str(wire_format.WIRE_FORMAT_VERSION),  # read now: tests patch it
         "value encoding": encoding,
         "parameter count": f"{sum(len(es) for es in entries)} in {len(entries)} param group(s)",
     }

@@ -17,8 +17,9 @@ non-finite value says so there, so every replica learns it from the exchange its
 skip (or stop) alike; :meth:`restore` puts back into an accumulator what error feedback took
 out for a payload that was not used.
 
-Fused Triton kernels (:mod:`flexdemo.kernels`) take a bucket when all its tensors fit them
-(CUDA, fp32, >= 1-D, blocks <= 64x64); otherwise torch ops. Both give the same wire format.
+Each bucket has a path (:mod:`flexdemo.compression.paths`): the fused Triton kernels when all
+its tensors fit them (CUDA, fp32, >= 1-D, blocks <= 64x64), otherwise torch ops. Both give the
+same wire format.
 """
 
 from __future__ import annotations
@@ -29,15 +30,7 @@ from typing import Literal, get_args
 import torch
 
 from flexdemo.compression.agreement import check_settings_agree, compressor_settings
-from flexdemo.compression.codec import (
-    check_encoding,
-    compress,
-    decode_mean,
-    pack_payload,
-    sent_values,
-    unpack_payload,
-)
-from flexdemo.compression.dct import blocks_idct
+from flexdemo.compression.codec import sent_values
 from flexdemo.compression.exchange import (
     ExchangeTimer,
     Traffic,
@@ -45,16 +38,11 @@ from flexdemo.compression.exchange import (
     gather_payloads,
     wait_for,
 )
+from flexdemo.compression.paths import choose_path
 from flexdemo.compression.plan import Bucket, build_plan
-from flexdemo.kernels import (
-    fused_encode_many,
-    fused_mean_decode_many,
-    fused_mean_decode_update_many,
-    fused_pack_payload,
-    fused_supported,
-    fused_unpack_payload,
-)
 from flexdemo.local import local_tensor
+from flexdemo.wire.dct import blocks_idct
+from flexdemo.wire.format import check_encoding
 
 FLAG_BYTES = 1
 KernelPrecision = Literal["ieee", "tf32x3"]
@@ -158,11 +146,7 @@ class TopkCompressor:
         self.buckets, coefficient_bytes = build_plan(entries, chunks, topks, encoding)
         self.nbytes = coefficient_bytes + FLAG_BYTES  # the flag byte ends each payload
         for b in self.buckets:
-            b.fused = fused and all(
-                fused_supported(m.layout, local_tensor(m.param).device, m.param.dtype, b.k)
-                and local_tensor(m.param).is_contiguous()
-                for m in b.members
-            )
+            b.path = choose_path(b, fused, encoding, kernel_precision)
         flat = [t for ts in groups for t in ts]
         self.device = local_tensor(flat[0]).device if flat else torch.device("cpu")
         self.last_traffic = Traffic()
@@ -196,26 +180,11 @@ class TopkCompressor:
         if len(accs) != len(chosen):
             raise ValueError(f"select: {len(accs)} accumulators for {len(chosen)} members")
         incs = incs if incs is not None else [None] * len(accs)
-        layouts = [m.layout for m in chosen]
-        if bucket.fused:
-            return fused_encode_many(accs, incs, scale, decay, layouts, bucket.k, self.encoding,
-                                     precision=self.kernel_precision, skip_grad=skip_incs)
-        idx_parts, val_parts = [], []
-        for acc, inc, layout in zip(accs, incs, layouts):
-            if decay != 1.0:
-                acc.mul_(decay)
-            if inc is not None:
-                acc.add_(inc if skip_incs is None else torch.where(skip_incs != 0, 0.0, inc), alpha=scale)
-            idx, vals = compress(acc, layout, bucket.k, self.encoding)
-            idx_parts.append(idx)
-            val_parts.append(vals)
-        return torch.cat(idx_parts), torch.cat(val_parts)
+        return bucket.path.encode(accs, incs, scale, decay, [m.layout for m in chosen], bucket.k, skip_incs)
 
     def pack(self, bucket: Bucket, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
         """A bucket's kept coefficients (all its members, in order) -> its bytes of the payload."""
-        if bucket.fused:
-            return fused_pack_payload(idx, vals, bucket.block_numel, self.encoding)
-        return pack_payload(idx, vals, bucket.block_numel, self.encoding)
+        return bucket.path.pack(idx, vals, bucket.block_numel)
 
     def encode(self, bucket: Bucket, accs, incs=None, scale: float = 1.0, decay: float = 1.0) -> torch.Tensor:
         return self.pack(bucket, *self.select(bucket, accs, incs, scale, decay))
@@ -276,9 +245,7 @@ class TopkCompressor:
     def unpack(self, bucket: Bucket, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every replica's ``(idx, vals)`` ``[W, B, k]`` of one bucket, from the gathered bytes."""
         payloads = gathered[:, bucket.byte_offset : bucket.byte_offset + bucket.nbytes(self.encoding)]
-        if bucket.fused:
-            return fused_unpack_payload(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, self.encoding)
-        return unpack_payload(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, self.encoding, bucket.dtype)
+        return bucket.path.unpack(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, bucket.dtype)
 
     def decode_sign_update(self, bucket: Bucket, idx, vals, targets: list[torch.Tensor], lr: float,
                            scale: float = 1.0, keep: torch.Tensor | None = None) -> None:
@@ -286,30 +253,13 @@ class TopkCompressor:
         member of ``bucket`` (``scale``: a decoupled weight decay, fused into the same pass).
         ``keep``: a 0-dim fp32 0/1 on the device; lr is multiplied by it there (0: only the
         scale applies), so that the caller need not sync the host to decide."""
-        layouts = [m.layout for m in bucket.members]
         if keep is not None:
-            lr = (keep.to(torch.float32) * lr).expand(len(layouts))  # fp32(lr) or 0, exactly
-        if bucket.fused:
-            fused_mean_decode_update_many(targets, idx, vals, lr, layouts, precision=self.kernel_precision,
-                                          scale=scale)
-            return
-        for i, (m, t) in enumerate(zip(bucket.members, targets)):
-            rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
-            if scale != 1.0:
-                t.mul_(scale)
-            signs = decode_mean(idx[:, rows], vals[:, rows], m.layout).sign_()
-            if keep is None:
-                t.add_(signs, alpha=-lr)
-            else:  # -lr_i * sign is exact (sign is -1, 0 or 1): the same bits as alpha=-lr
-                t.add_(signs.mul_(-lr[i].to(t.dtype)))
+            lr = (keep.to(torch.float32) * lr).expand(len(bucket.members))  # fp32(lr) or 0, exactly
+        bucket.path.decode_sign_update(bucket.members, targets, idx, vals, lr, scale)
 
     def decode_into(self, bucket: Bucket, idx, vals, member: int, out: torch.Tensor) -> torch.Tensor:
         """``out = IDCT(mean over selecting replicas)`` of one member of ``bucket``."""
         m = bucket.members[member]
         rows = slice(m.first_block, m.first_block + m.layout.num_blocks)
-        if bucket.fused:
-            fused_mean_decode_many([out], idx[:, rows].contiguous(), vals[:, rows].contiguous(), [m.layout],
-                                   precision=self.kernel_precision)
-        else:
-            out.copy_(decode_mean(idx[:, rows], vals[:, rows], m.layout))
+        bucket.path.decode(idx[:, rows], vals[:, rows], m.layout, out)
         return out

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flexdemo.compression.codec import clamp_topk, coefficients_nbytes
-from flexdemo.compression.dct import BlockLayout, block_layout
+from flexdemo.wire.dct import BlockLayout, block_layout
+from flexdemo.wire.format import clamp_topk, coefficients_nbytes
 
 
 @dataclass
@@ -34,7 +34,12 @@ class Bucket:
     members: list[Member] = field(default_factory=list)
     num_blocks: int = 0
     byte_offset: int = 0  # where this bucket starts in the step's payload
-    fused: bool = False  # set by the compressor: Triton kernels (True) or torch ops
+    path: object = None  # set by the compressor: compression.paths' TorchPath or FusedPath
+
+    @property
+    def fused(self) -> bool:
+        """Whether this bucket takes the Triton kernels (its path is the fused one)."""
+        return bool(getattr(self.path, "fused", False))
 
     @property
     def block_numel(self) -> int:

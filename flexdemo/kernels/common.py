@@ -3,7 +3,7 @@ bases, launch sizes, argument checks and the block-level Triton helpers.
 
 Each program of a kernel owns one ``n1 x n2`` block of the row-major ``[lead, R, C]`` tensor,
 numbered row-major over ``(lead, ceil(R / n1), ceil(C / n2))`` as in
-:func:`flexdemo.compression.dct.blocks_dct`; a coefficient's index in its block is ``r * n2 + c``.
+:func:`flexdemo.wire.dct.blocks_dct`; a coefficient's index in its block is ``r * n2 + c``.
 Blocks at the tensor's edge may be partial: their missing elements load as zeros and are never
 stored.
 Block sizes up to 64 are supported; sizes that are not powers of two (e.g. 48 rows of the
@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from flexdemo.compression.dct import BlockLayout, dct_matrix
+from flexdemo.wire.dct import BlockLayout, dct_matrix
 
 try:
     import triton
@@ -91,7 +91,7 @@ def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torc
     """Whether the fused kernels handle this layout on this device (else use the torch path).
 
     Needs a tensor with at least 1 dim (``[..., R, C]``, leading dims folded into rows; a 1-D
-    tensor is one row, blocks of ``1 x n2`` as in :func:`flexdemo.compression.dct.block_layout`),
+    tensor is one row, blocks of ``1 x n2`` as in :func:`flexdemo.wire.dct.block_layout`),
     blocks of at most 64 x 64, at most MAX_TOPK coefficients kept per block, fp32 data, and a
     CUDA device (or CPU under ``TRITON_INTERPRET=1``).
     """

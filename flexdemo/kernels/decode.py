@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from flexdemo.compression.dct import BlockLayout
 from flexdemo.kernels.common import (
     HAVE_TRITON,
     check_tensor,
@@ -28,6 +27,7 @@ from flexdemo.kernels.common import (
     sparse_plan,
 )
 from flexdemo.kernels.tables import align_hints, check_group, layout_tables, lr_arg, ptr_table
+from flexdemo.wire.dct import BlockLayout
 
 if HAVE_TRITON:
     import triton

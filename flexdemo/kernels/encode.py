@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from flexdemo.compression.codec import check_encoding
-from flexdemo.compression.dct import BlockLayout
 from flexdemo.kernels.common import (
     HAVE_TRITON,
     check_tensor,
@@ -27,6 +25,8 @@ from flexdemo.kernels.common import (
     sparse_plan,
 )
 from flexdemo.kernels.tables import align_hints, check_group, layout_tables, lr_arg, ptr_table
+from flexdemo.wire.dct import BlockLayout
+from flexdemo.wire.format import check_encoding
 
 # How the kept values leave the kernel (a constexpr): exact (fp32, sign), rounded to bf16 for
 # error feedback (bf16), or replaced by +-(mean |kept|) of their block (scaled_sign).
@@ -202,7 +202,7 @@ def fused_encode(
     ``decay * delta + lr * grad - IDCT(sent)``; ``grad=None`` counts as zero. Returns
     ``idx`` [B, k] int32 (ascending within each block) and ``vals`` [B, k] fp32: the exact
     coefficients (``scaled_sign``: +-(mean |kept|) of the block), as
-    :func:`flexdemo.compression.codec.select` gives them; pack with
+    :func:`flexdemo.compression.codec.compress` gives them; pack with
     :func:`flexdemo.kernels.pack.fused_pack_payload`. ``precision`` is tl.dot's
     input_precision: "ieee" (fp32, default), or "tf32x3"/"tf32" for speed at lower accuracy.
     ``skip_grad``: a one-element tensor on the device; where it is nonzero when the kernel runs,

@@ -1,20 +1,13 @@
-"""Fused payload (un)packing: the bit streams of :mod:`flexdemo.compression.codec`, one Triton
+"""Fused payload (un)packing: the bit streams of :mod:`flexdemo.wire.format`, one Triton
 launch per stream, the same bytes as the torch path."""
 
 from __future__ import annotations
 
 import torch
 
-from flexdemo.compression.bitpack import bits_for, packed_nbytes
-from flexdemo.compression.codec import (
-    SCALE_NBYTES,
-    count_bits,
-    pack_payload,
-    unpack_payload,
-    value_nbytes,
-    voter_counts,
-)
 from flexdemo.kernels.common import HAVE_TRITON, INTERPRET
+from flexdemo.wire.bitpack import bits_for, packed_nbytes
+from flexdemo.wire.format import SCALE_NBYTES, count_bits, value_nbytes, voter_counts
 
 _PACK_BLOCK = 1024
 
@@ -25,7 +18,7 @@ if HAVE_TRITON:
     @triton.jit
     def _pack_bits_kernel(src_ptr, out_ptr, n, nbytes, BITS: tl.constexpr, SIGN: tl.constexpr, BLOCK: tl.constexpr):
         # Output byte q holds stream bits 8q..8q+7; stream bit g is bit g % BITS of value g // BITS
-        # (LSB first, as flexdemo.compression.bitpack.pack_uint). SIGN packs the sign bits of fp32 values.
+        # (LSB first, as flexdemo.wire.bitpack.pack_uint). SIGN packs the sign bits of fp32 values.
         q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         acc = tl.zeros([BLOCK], dtype=tl.int32)
         for t in tl.static_range(8):
@@ -92,10 +85,9 @@ if HAVE_TRITON:
 
 def fused_voters_first(idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`flexdemo.compression.codec.voters_first` in one launch (new tensors)."""
-    if not _bitpack_device_ok(idx) or idx.numel() == 0:
-        from flexdemo.compression.codec import voters_first
-
-        return voters_first(idx, vals)
+    _check_device(idx, "fused_voters_first")
+    if idx.numel() == 0:
+        return idx.clone(), vals.clone()
     rows, k = idx.shape
     kp = triton.next_power_of_2(k)
     per = max(1, 1024 // kp)
@@ -105,8 +97,11 @@ def fused_voters_first(idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Ten
     return idx_out, vals_out
 
 
-def _bitpack_device_ok(t: torch.Tensor) -> bool:
-    return HAVE_TRITON and (t.device.type == "cuda" or (t.device.type == "cpu" and INTERPRET))
+def _check_device(t: torch.Tensor, who: str) -> None:
+    """The caller picks the path (flexdemo.compression.paths): these kernels never fall back."""
+    if not (HAVE_TRITON and (t.device.type == "cuda" or (t.device.type == "cpu" and INTERPRET))):
+        raise ValueError(f"{who}: needs Triton and a CUDA tensor (or a CPU one under TRITON_INTERPRET=1), "
+                         f"got a {t.device.type} tensor; the torch path is flexdemo.compression.codec")
 
 
 def fused_pack_payload(
@@ -119,8 +114,7 @@ def fused_pack_payload(
     ``out`` (uint8, the stream's length, e.g. a slice of the step's send buffer) is filled
     and returned when given, which saves the final concatenation.
     """
-    if not _bitpack_device_ok(idx):
-        return pack_payload(idx, vals, block_numel, encoding)
+    _check_device(idx, "fused_pack_payload")
     bits = bits_for(block_numel)
     n = idx.numel()
     num_blocks, k = idx.shape
@@ -167,9 +161,7 @@ def fused_unpack_payload(
     ``payload`` is ``[W, nbytes]`` with unit stride along bytes (a column slice of the
     gathered buffer is fine). Returns ``idx`` [W, B, k] int32 and ``vals`` [W, B, k] fp32.
     """
-    if not _bitpack_device_ok(payload):
-        i, v = unpack_payload(payload, num_blocks, k, block_numel, encoding, torch.float32)
-        return i.to(torch.int32), v
+    _check_device(payload, "fused_unpack_payload")
     W, count, bits = payload.shape[0], num_blocks * k, bits_for(block_numel)
     if payload.stride(1) != 1:
         payload = payload.contiguous()

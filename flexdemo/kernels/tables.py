@@ -13,8 +13,8 @@ from collections import OrderedDict
 
 import torch
 
-from flexdemo.compression.dct import BlockLayout
 from flexdemo.kernels.common import HAVE_TRITON, check_tensor, fused_supported
+from flexdemo.wire.dct import BlockLayout
 
 if HAVE_TRITON:
     import triton

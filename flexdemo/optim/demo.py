@@ -38,7 +38,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from flexdemo.compression.codec import check_encoding
 from flexdemo.compression.compressor import FLAG_BYTES, HostFlags, StartedExchange, TopkCompressor
 from flexdemo.compression.exchange import (
     NonFiniteError,
@@ -48,6 +47,7 @@ from flexdemo.compression.exchange import (
     shard_group_of,
 )
 from flexdemo.local import local_tensor as _local
+from flexdemo.wire.format import check_encoding
 
 
 NONFINITE_ACTIONS = ("skip", "stop")

@@ -48,13 +48,9 @@ the device one tensor at a time.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Iterable, Literal, get_args
+from typing import Iterable
 
 import torch
-import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from flexdemo.compression.agreement import check_settings_agree, dense_settings, diloco_settings
 from flexdemo.compression.compressor import TopkCompressor
@@ -69,40 +65,16 @@ from flexdemo.compression.exchange import (
     shard_group_of,
 )
 from flexdemo.local import local_tensor
+from flexdemo.optim.diloco_args import WIRE_DTYPES, Compression, StateDevice, check_args
+from flexdemo.optim.diloco_state import Entry, entries_state_dict, entry_keys, load_entries, new_entry
+from flexdemo.optim.nonfinite import (
+    RepeatedSkipsError,
+    describe_nonfinite,
+    replicas_that_saw_it,
+    reset_optimizer_state,
+)
 
-Compression = Literal["dense", "topk"]
-DenseEncoding = Literal["fp32", "bf16"]  # the dense outer exchange's wire dtype
-TopkEncoding = Literal["fp32", "bf16", "scaled_sign"]  # values of the compressed outer exchange
-StateDevice = Literal["device", "cpu"]
-COMPRESSIONS, STATE_DEVICES = get_args(Compression), get_args(StateDevice)
-DENSE_ENCODINGS, TOPK_ENCODINGS = get_args(DenseEncoding), get_args(TopkEncoding)
-_WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DENSE_BUCKET_ELEMENTS = 1 << 26  # 256 MiB of fp32 pseudo-gradient per dense exchange
-NAMES_SHOWN = 3  # parameters named per replica in a message
-
-
-class RepeatedSkipsError(NonFiniteError):
-    """``max_consecutive_skips`` updates in a row were skipped for non-finite values: raised on
-    every rank alike, naming the replicas and parameters."""
-
-
-def describe_nonfinite(who: dict[int, list[str]]) -> str:
-    """``{replica: parameter names}`` as ``replica 1 (a, b, c and 4 more)``, for messages."""
-    parts = []
-    for replica, names in sorted(who.items()):
-        more = len(names) - NAMES_SHOWN
-        shown = ", ".join(names[:NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
-        parts.append(f"replica {replica}" + (f" ({shown})" if names else ""))
-    return "; ".join(parts) or "no replica"
-
-
-@dataclass
-class _Entry:
-    name: str
-    param: torch.Tensor
-    global_copy: torch.Tensor  # local-shard-shaped, on the state device
-    momentum: torch.Tensor | None
-    error_feedback: torch.Tensor | None
 
 
 class DiLoCo:
@@ -130,8 +102,8 @@ class DiLoCo:
         nonfinite: str = "skip",
         max_consecutive_skips: int = 10,
     ):
-        _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
-                    topk, chunk, decay, state_device, max_consecutive_skips)
+        check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
+                   topk, chunk, decay, state_device, max_consecutive_skips, nonfinite)
         named = [(n, p) for n, p in named_params if p.requires_grad]
         self.sync_interval = sync_interval
         self.outer_lr, self.outer_momentum, self.nesterov = float(outer_lr), float(outer_momentum), nesterov
@@ -139,8 +111,6 @@ class DiLoCo:
         self.replicate_group = replicate_group
         self.offload = state_device == "cpu"
         self.exchange_timeout = exchange_timeout
-        if nonfinite not in ("skip", "stop"):
-            raise ValueError(f"DiLoCo: nonfinite must be 'skip' or 'stop', got {nonfinite!r}")
         self.nonfinite = nonfinite
         self.last_sync_skipped = False
         self.max_consecutive_skips = max_consecutive_skips
@@ -151,7 +121,8 @@ class DiLoCo:
         self._shard_group = shard_group_of([p for _, p in named])
         check_replicate_group([p for _, p in named], replicate_group, who="DiLoCo")
 
-        self.entries = [self._new_entry(n, p) for n, p in named]
+        self.entries = [new_entry(n, p, self.offload, self.outer_momentum > 0, compression == "topk")
+                        for n, p in named]
         self.inner_steps = 0  # inner steps since the last sync (the position in the H-step cycle)
         self.outer_steps = 0
         self.has_global = False  # set at the first cycle's start, or by loading a checkpoint
@@ -175,18 +146,6 @@ class DiLoCo:
                                      _device_of(params))
 
     # -- state ------------------------------------------------------------------------------
-
-    def _new_entry(self, name: str, param: torch.Tensor) -> _Entry:
-        local = local_tensor(param)
-
-        def buffer():
-            if not self.offload:
-                return torch.zeros_like(local)
-            return torch.zeros(local.shape, dtype=local.dtype, pin_memory=local.is_cuda)
-
-        momentum = buffer() if self.outer_momentum > 0 else None
-        error_feedback = buffer() if self.compression == "topk" else None
-        return _Entry(name, param, buffer(), momentum, error_feedback)
 
     @torch.no_grad()
     def before_inner_step(self) -> None:
@@ -243,7 +202,8 @@ class DiLoCo:
     def _discard_cycle(self, bad: bool, each: torch.Tensor) -> None:
         """Every replica alike (the skip is agreed): back to the global copy with a fresh inner
         optimizer state, or (``nonfinite="stop"``) raise."""
-        self.last_skipped_by = self._who_saw_it(bad, each)
+        self.last_skipped_by = replicas_that_saw_it([e.name for e in self.entries], each, bad, self._shard_group,
+                                                    self.replicate_group)
         if self.nonfinite == "stop":
             raise NonFiniteError(
                 f"DiLoCo: non-finite parameters after the inner steps on {describe_nonfinite(self.last_skipped_by)}; "
@@ -251,33 +211,9 @@ class DiLoCo:
             )
         for e in self.entries:
             local_tensor(e.param).copy_(self._on_device(e.global_copy, local_tensor(e.param)))
-        self._reset_inner_state()
+        reset_optimizer_state(self.inner_optimizers)
         self.skipped_syncs += 1
         self.consecutive_skips += 1
-
-    def _who_saw_it(self, bad: bool, each: torch.Tensor) -> dict[int, list[str]]:
-        """Replica -> the parameters that were non-finite there (any of its shards), the same on
-        every rank: the exchange's flags say only that some replica was."""
-        mine = [e.name for e, flagged in zip(self.entries, each.tolist()) if flagged]
-        if not distributed():
-            return {0: mine} if bad else {}
-        if self._shard_group is not None:
-            order = {e.name: i for i, e in enumerate(self.entries)}
-            mine = sorted({n for names in _gather_objects(mine, self._shard_group) for n in names}, key=order.get)
-        flagged = _gather_objects((bad, mine), self.replicate_group)
-        return {replica: names for replica, (was_bad, names) in enumerate(flagged) if was_bad}
-
-    @torch.no_grad()
-    def _reset_inner_state(self) -> None:
-        """Zero every inner-optimizer state tensor in place: Adam/AdamW's fresh state exactly (step
-        0, zero moments; the same keys and shapes, so checkpoints are unchanged)."""
-        for opt in self.inner_optimizers:
-            for state in opt.state.values():
-                for key, value in state.items():
-                    if torch.is_tensor(value):
-                        value.zero_()
-                    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                        state[key] = type(value)(0)
 
     def _stop_if_repeated(self) -> None:
         limit = self.max_consecutive_skips
@@ -290,7 +226,7 @@ class DiLoCo:
 
     def _sync_dense(self, bad: bool) -> tuple[Traffic, bool]:
         traffic = Traffic()
-        wire = _WIRE_DTYPES[self.value_encoding]
+        wire = WIRE_DTYPES[self.value_encoding]
         for i, bucket in enumerate(_dense_buckets(self.entries)):
             device = local_tensor(bucket[0].param).device
             flagged = i == 0  # the first bucket carries one more element: this replica's flag
@@ -354,7 +290,7 @@ class DiLoCo:
                 self._outer_update(e, comp.decode_into(b, idx, vals, i, torch.empty_like(local)))
         return comp.last_traffic, False
 
-    def _outer_update(self, e: _Entry, grad: torch.Tensor) -> None:
+    def _outer_update(self, e: Entry, grad: torch.Tensor) -> None:
         """SGD (optionally Nesterov momentum) on the global copy, as torch.optim.SGD; local := global."""
         local = local_tensor(e.param)
         glob = self._on_device(e.global_copy, local)
@@ -399,15 +335,7 @@ class DiLoCo:
         keys keep only one replica's shards). Tensors are shaped like the parameters (DTensors
         if they are), sharing storage with the state so that an in-place load fills it."""
         sd = {f"{prefix}cycle": torch.tensor([self.inner_steps, self.outer_steps], dtype=torch.int64)}
-        for e in self.entries:
-            sd[f"{prefix}global.{e.name}"] = _like_param(e.global_copy, e.param)
-            if e.momentum is not None:
-                sd[f"{prefix}momentum.{e.name}"] = _like_param(e.momentum, e.param)
-            if e.error_feedback is not None:
-                sd[f"{replica_prefix}error_feedback.{e.name}"] = _like_param(e.error_feedback, e.param)
-            # A host copy: saving must not hold a second copy of the parameters on the device.
-            local = local_tensor(e.param).detach().to("cpu", copy=True)
-            sd[f"{replica_prefix}local.{e.name}"] = _like_param(local, e.param)
+        sd.update(entries_state_dict(self.entries, prefix, replica_prefix))
         return sd
 
     @torch.no_grad()
@@ -416,44 +344,14 @@ class DiLoCo:
         if missing:
             raise KeyError(f"DiLoCo state missing from the checkpoint: {missing[:3]}{'...' if len(missing) > 3 else ''}")
         self.inner_steps, self.outer_steps = (int(x) for x in sd[f"{prefix}cycle"].tolist())
-        for e in self.entries:
-            _copy_in(e.global_copy, sd[f"{prefix}global.{e.name}"])
-            if e.momentum is not None:
-                _copy_in(e.momentum, sd[f"{prefix}momentum.{e.name}"])
-            if e.error_feedback is not None:
-                _copy_in(e.error_feedback, sd[f"{replica_prefix}error_feedback.{e.name}"])
-            _copy_in(local_tensor(e.param), sd[f"{replica_prefix}local.{e.name}"])
+        load_entries(self.entries, sd, prefix, replica_prefix)
         self.has_global = True
 
     def state_dict_keys(self, prefix: str, replica_prefix: str) -> list[str]:
-        keys = [f"{prefix}cycle"]
-        for e in self.entries:
-            keys.append(f"{prefix}global.{e.name}")
-            if e.momentum is not None:
-                keys.append(f"{prefix}momentum.{e.name}")
-            if e.error_feedback is not None:
-                keys.append(f"{replica_prefix}error_feedback.{e.name}")
-            keys.append(f"{replica_prefix}local.{e.name}")
-        return keys
+        return [f"{prefix}cycle", *entry_keys(self.entries, prefix, replica_prefix)]
 
 
-def _like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """``local`` as a tensor shaped like ``param``: a DTensor with the parameter's sharding whose
-    local shard IS ``local`` (on whatever device it lives), or ``local`` itself. DTensor.from_local
-    would move a host tensor to the mesh's device; the constructor (as FSDP2 uses it for its
-    CPU-offloaded shards) keeps it in place, so DCP reads and writes the state's own storage."""
-    if not isinstance(param, DTensor):
-        return local
-    return DTensor(local, param._spec, requires_grad=False)
-
-
-def _copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
-    src = local_tensor(src)
-    if src.data_ptr() != dst.data_ptr():
-        dst.copy_(src)
-
-
-def _dense_buckets(entries: list[_Entry]) -> list[list[_Entry]]:
+def _dense_buckets(entries: list[Entry]) -> list[list[Entry]]:
     """Consecutive entries of one device, at most DENSE_BUCKET_ELEMENTS each (a larger tensor
     alone), so the dense exchange needs a bounded flat buffer. Empty shards are skipped."""
     buckets, current, size = [], [], 0
@@ -471,46 +369,7 @@ def _dense_buckets(entries: list[_Entry]) -> list[list[_Entry]]:
     return buckets
 
 
-def _gather_objects(obj, group) -> list:
-    out = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
-
-
 def _device_of(params) -> torch.device:
     return local_tensor(params[0]).device if params else torch.device("cpu")
 
 
-def _check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
-                topk, chunk, decay, state_device, max_consecutive_skips) -> None:
-    def fail(msg):
-        raise ValueError(f"DiLoCo: {msg}")
-
-    if not (isinstance(sync_interval, int) and not isinstance(sync_interval, bool) and sync_interval >= 1):
-        fail(f"sync_interval must be an int >= 1, got {sync_interval!r}")
-    if not (isinstance(outer_lr, (int, float)) and math.isfinite(outer_lr) and outer_lr > 0):
-        fail(f"outer_lr must be a positive number, got {outer_lr!r}")
-    if not (isinstance(outer_momentum, (int, float)) and 0.0 <= outer_momentum < 1.0):
-        fail(f"outer_momentum must be in [0, 1), got {outer_momentum!r}")
-    if not isinstance(nesterov, bool):
-        fail(f"nesterov must be True or False, got {nesterov!r}")
-    if nesterov and outer_momentum == 0:
-        fail("nesterov needs outer_momentum > 0 (plain SGD: nesterov=False, outer_momentum=0)")
-    if compression not in COMPRESSIONS:
-        fail(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-    allowed = DENSE_ENCODINGS if compression == "dense" else TOPK_ENCODINGS
-    if value_encoding not in allowed:
-        why = " (a bare sign would move every weight by outer_lr)" if value_encoding == "sign" else ""
-        fail(f"value_encoding for compression={compression!r} must be one of {allowed}, got {value_encoding!r}{why}")
-    if compression == "topk":
-        if not (isinstance(topk, int) and not isinstance(topk, bool) and topk >= 1):
-            fail(f"topk must be an int >= 1, got {topk!r}")
-        if not (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1):
-            fail(f"chunk must be an int >= 1, got {chunk!r}")
-        if not (isinstance(decay, (int, float)) and 0.0 <= decay <= 1.0):
-            fail(f"decay must be in [0, 1], got {decay!r}")
-    if state_device not in STATE_DEVICES:
-        fail(f"state_device must be one of {STATE_DEVICES}, got {state_device!r}")
-    if not (isinstance(max_consecutive_skips, int) and not isinstance(max_consecutive_skips, bool)
-            and max_consecutive_skips >= 0):
-        fail(f"max_consecutive_skips must be an int >= 0 (0: never stop), got {max_consecutive_skips!r}")

@@ -20,9 +20,9 @@ from typing import Literal, Union, get_args
 from torchtitan.config.job_config import JobConfig as _TitanJobConfig
 from torchtitan.config.job_config import Optimizer as _TitanOptimizer
 
-from flexdemo.compression.codec import VALUE_ENCODINGS, ValueEncoding
 from flexdemo.compression.compressor import KERNEL_PRECISIONS, KernelPrecision
-from flexdemo.optim.diloco import DENSE_ENCODINGS, STATE_DEVICES, TOPK_ENCODINGS, StateDevice, TopkEncoding
+from flexdemo.optim.diloco_args import DENSE_ENCODINGS, STATE_DEVICES, TOPK_ENCODINGS, StateDevice, TopkEncoding
+from flexdemo.wire.format import VALUE_ENCODINGS, ValueEncoding
 
 Mode = Literal["demo", "off", "diloco", "demo_diloco"]
 NonFinite = Literal["skip", "stop"]

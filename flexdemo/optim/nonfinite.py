@@ -1,0 +1,59 @@
+"""DiLoCo's reports of a discarded (non-finite) cycle: who saw it, said alike on every rank, the
+reset of the inner optimizers' state, and :class:`RepeatedSkipsError` when it keeps happening."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from flexdemo.compression.exchange import NonFiniteError, distributed
+
+NAMES_SHOWN = 3  # parameters named per replica in a message
+
+
+class RepeatedSkipsError(NonFiniteError):
+    """``max_consecutive_skips`` updates in a row were skipped for non-finite values: raised on
+    every rank alike, naming the replicas and parameters."""
+
+
+def describe_nonfinite(who: dict[int, list[str]]) -> str:
+    """``{replica: parameter names}`` as ``replica 1 (a, b, c and 4 more)``, for messages."""
+    parts = []
+    for replica, names in sorted(who.items()):
+        more = len(names) - NAMES_SHOWN
+        shown = ", ".join(names[:NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+        parts.append(f"replica {replica}" + (f" ({shown})" if names else ""))
+    return "; ".join(parts) or "no replica"
+
+
+def replicas_that_saw_it(names: list[str], each: torch.Tensor, bad: bool, shard_group,
+                         replicate_group) -> dict[int, list[str]]:
+    """Replica -> the parameters (of ``names``, flagged in ``each``) that were non-finite there (on
+    any of its shards), the same on every rank: the exchange's flags say only that some replica was."""
+    mine = [name for name, flagged in zip(names, each.tolist()) if flagged]
+    if not distributed():
+        return {0: mine} if bad else {}
+    if shard_group is not None:
+        order = {name: i for i, name in enumerate(names)}
+        mine = sorted({n for theirs in _gather_objects(mine, shard_group) for n in theirs}, key=order.get)
+    flagged = _gather_objects((bad, mine), replicate_group)
+    return {replica: theirs for replica, (was_bad, theirs) in enumerate(flagged) if was_bad}
+
+
+@torch.no_grad()
+def reset_optimizer_state(optimizers: list[torch.optim.Optimizer]) -> None:
+    """Zero every optimizer state tensor in place: Adam/AdamW's fresh state exactly (step 0, zero
+    moments; the same keys and shapes, so checkpoints are unchanged)."""
+    for opt in optimizers:
+        for state in opt.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value):
+                    value.zero_()
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    state[key] = type(value)(0)
+
+
+def _gather_objects(obj, group) -> list:
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
