@@ -173,7 +173,8 @@ def test_pysource_assets_are_deterministic_and_report_their_size(pysource_dir, a
 
 
 def test_pysource_dataset_serves_through_the_dataloader(pysource_dir):
-    from flexdemo.data.dataloader import PYSOURCE_DATASET_NAME, build_dataloader, build_tokenizer
+    from flexdemo.data.dataset import PYSOURCE_DATASET_NAME
+    from flexdemo.titan.dataloader import build_dataloader, build_tokenizer
 
     cfg = _job_config(pysource_dir, "--training.dataset", PYSOURCE_DATASET_NAME, "--training.seq_len", "64",
                       "--training.local_batch_size", "2")
@@ -227,7 +228,7 @@ def test_a_partial_build_is_redone(assets_dir, tmp_path):
 
 
 def test_a_configs_own_tokenizer_is_kept(tmp_path):
-    from flexdemo.data.dataloader import build_tokenizer, embedded_tokenizer_dir
+    from flexdemo.titan.dataloader import build_tokenizer, embedded_tokenizer_dir
 
     own = write_own_tokenizer(tmp_path / "own")
     cfg = _job_config(own)  # flexdemo_stdlib data, the user's tokenizer
@@ -243,7 +244,7 @@ def test_a_configs_own_tokenizer_is_kept(tmp_path):
     ("missing", "c4", False),               # torchtitan's data and a path: the config's to fix
 ])
 def test_embedded_tokenizer_only_where_the_config_needs_it(tmp_path, path, dataset, uses_embedded):
-    from flexdemo.data.dataloader import build_tokenizer, check_tokenizer_available, embedded_tokenizer_dir
+    from flexdemo.titan.dataloader import build_tokenizer, check_tokenizer_available, embedded_tokenizer_dir
 
     path = str(tmp_path / path) if path else ""
     cfg = _job_config(path, "--training.dataset", dataset)
@@ -263,7 +264,7 @@ def test_embedded_tokenizer_only_where_the_config_needs_it(tmp_path, path, datas
 
 
 def test_dp_shards_are_disjoint_and_cover_everything():
-    from flexdemo.data.dataloader import StdlibTextDataset
+    from flexdemo.data.dataset import StdlibTextDataset
 
     docs = [f"document number {i} " * (1 + i % 3) for i in range(23)]
     seen = []
@@ -281,7 +282,7 @@ def test_dp_shards_are_disjoint_and_cover_everything():
 
 
 def test_real_ranks_get_different_batches(assets_dir):
-    from flexdemo.data.dataloader import build_dataloader
+    from flexdemo.titan.dataloader import build_dataloader
     from torchtitan.components.tokenizer import build_hf_tokenizer
 
     cfg = _job_config(assets_dir, "--training.seq_len", "128", "--training.local_batch_size", "4")
@@ -297,7 +298,7 @@ def test_real_ranks_get_different_batches(assets_dir):
 
 
 def test_resume_is_bit_exact_through_parallel_aware_dataloader(assets_dir):
-    from flexdemo.data.dataloader import build_dataloader
+    from flexdemo.titan.dataloader import build_dataloader
     from torchtitan.components.tokenizer import build_hf_tokenizer
 
     cfg = _job_config(assets_dir, "--training.seq_len", "256", "--training.local_batch_size", "2")
@@ -319,7 +320,7 @@ def test_resume_is_bit_exact_through_parallel_aware_dataloader(assets_dir):
 
 
 def test_resume_across_epoch_boundary_and_epochs_reshuffle():
-    from flexdemo.data.dataloader import StdlibTextDataset
+    from flexdemo.data.dataset import StdlibTextDataset
 
     docs = [f"doc {i}: " + "abc" * i for i in range(10)]
     make = lambda: StdlibTextDataset(docs, CharTokenizer(), seq_len=7, infinite=True)
@@ -339,14 +340,14 @@ def test_resume_across_epoch_boundary_and_epochs_reshuffle():
         rx, ry = next(rit)
         assert torch.equal(x["input"], rx["input"]) and torch.equal(y, ry)
     # Epoch orders differ, but each epoch holds every document.
-    from flexdemo.data.dataloader import _doc_order
+    from flexdemo.data.dataset import document_order
 
-    assert _doc_order(10, 0, 0) != _doc_order(10, 0, 1)
-    assert sorted(_doc_order(10, 0, 1)) == list(range(10))
+    assert document_order(10, 0, 0) != document_order(10, 0, 1)
+    assert sorted(document_order(10, 0, 1)) == list(range(10))
 
 
 def test_other_datasets_delegate_to_torchtitan(assets_dir, monkeypatch):
-    from flexdemo.data import dataloader as fd
+    from flexdemo.titan import dataloader as fd
 
     calls = []
     monkeypatch.setattr(fd.tt_text, "build_text_dataloader", lambda **kw: calls.append(kw) or "tt")
@@ -356,10 +357,13 @@ def test_other_datasets_delegate_to_torchtitan(assets_dir, monkeypatch):
 
 
 def test_validation_split_via_torchtitan_registry(assets_dir):
-    from flexdemo.data.dataloader import VALIDATION_DATASET_NAME
     from torchtitan.components.tokenizer import build_hf_tokenizer
     from torchtitan.hf_datasets.text_datasets import build_text_validation_dataloader
 
+    from flexdemo.data.dataset import VALIDATION_DATASET_NAME
+    from flexdemo.titan.dataloader import register_torchtitan_datasets
+
+    register_torchtitan_datasets()  # also done when flexdemo.titan.dataloader is imported
     cfg = _job_config(
         assets_dir,
         *("--validation.dataset", VALIDATION_DATASET_NAME, "--validation.dataset_path", str(assets_dir)),
@@ -373,7 +377,7 @@ def test_validation_split_via_torchtitan_registry(assets_dir):
 
 def _check_worker(rank, store_path, assets_dir, shift, errors):
     import torch.distributed as dist
-    from flexdemo.data.dataloader import _check_same_data_on_all_ranks
+    from flexdemo.titan.dataloader import _check_same_data_on_all_ranks
 
     class Shifted(CharTokenizer):
         def encode(self, text, **kw):

@@ -12,7 +12,8 @@ import shutil
 
 import pytest
 
-from flexdemo.data.dataloader import StdlibTextDataset, reshard_dataset_states, unread_documents
+from flexdemo.data.dataset import StdlibTextDataset
+from flexdemo.data.resharding import reshard_dataset_states, unread_documents
 from titan_launch import CONFIGS, launch, load_dcp
 
 DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"

@@ -8,8 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from flexdemo.data.dataloader import VALIDATION_DATASET_NAME
+from flexdemo.data.dataset import VALIDATION_DATASET_NAME
+from flexdemo.titan.dataloader import register_torchtitan_datasets
 from flexdemo.titan.validation import SameBatchesValidator, wrap_validator_builder
+
+register_torchtitan_datasets()  # torchtitan's validator finds flexdemo's splits by name
 
 
 def _job_config(assets, same_batches: bool):

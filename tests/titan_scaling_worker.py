@@ -21,8 +21,8 @@ from torchtitan.config import ConfigManager  # noqa: E402
 from torchtitan.distributed import ParallelDims  # noqa: E402
 from torchtitan.models.llama3 import parallelize_llama, Transformer, TransformerModelArgs  # noqa: E402
 
-from flexdemo.titan.grad_scaling import scale_grads_to_replica_mean  # noqa: E402
 from flexdemo.titan.parallelize import wrap_parallelize  # noqa: E402
+from flexdemo.titan.torchtitan_workarounds import shard_only_view  # noqa: E402
 
 SKIP_SCALING = os.environ.get("SKIP_SCALING") == "1"  # lets the test prove it can fail
 SHARDS, REPLICAS = int(os.environ.get("SHARDS", "2")), 2
@@ -68,7 +68,12 @@ total_tokens = sum(lab.numel() for _, lab in batches)
 job.flexdemo.mode = "demo"
 with torch.device("meta"):
     model = Transformer(args)
-model = wrap_parallelize(parallelize_llama)(model, dims, job)
+if SKIP_SCALING:  # the same parallelize, less what flexdemo's adds once the weights exist
+    model = parallelize_llama(model, shard_only_view(dims), job)
+    if cpu_shim.active():
+        cpu_shim.fix_fsdp_for_gloo(model)
+else:  # scales the gradients when init_weights returns, as under torchtitan's Trainer
+    model = wrap_parallelize(parallelize_llama)(model, dims, job)
 model.to_empty(device="cpu")
 with torch.no_grad():
     model.init_weights()
@@ -77,8 +82,6 @@ with torch.no_grad():
             p.to_local().copy_(torch.chunk(full[name], SHARDS, dim=0)[shard])
         else:
             p.copy_(full[name])
-if not SKIP_SCALING:
-    scale_grads_to_replica_mean([model], REPLICAS)
 inputs, labels = batches[dist.get_rank()]
 (loss_sum(model, inputs, labels) / total_tokens).backward()
 

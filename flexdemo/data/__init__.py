@@ -1,9 +1,10 @@
 """Offline "embedded default" data for torchtitan: a text corpus built from the
 Python standard library's source files and a byte-level BPE trained on it.
 
-The torchtitan-facing builders (build_dataloader, build_tokenizer) live in
-flexdemo.data.dataloader, which imports torchtitan; this package root does not,
-so `python -m flexdemo.data` stays light.
+Nothing here imports torchtitan: the dataset (flexdemo.data.dataset, torch only), the resharding
+of its checkpointed position (flexdemo.data.resharding) and the asset builders. The torchtitan-facing
+builders (build_dataloader, build_tokenizer) live in flexdemo.titan.dataloader. This package root
+imports only the asset builders, so `python -m flexdemo.data` stays light.
 """
 
 from .assets import default_assets_dir, ensure_assets, load_corpus, read_manifest

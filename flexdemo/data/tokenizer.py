@@ -8,6 +8,7 @@ tokenizer.json and takes bos/eos from tokenizer_config.json.
 from __future__ import annotations
 
 import json
+import os
 from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -19,6 +20,12 @@ BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
 PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)  # ids 0, 1, 2
+# A directory holding one of these has a tokenizer torchtitan's HuggingFaceTokenizer can load.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(path: str) -> bool:
+    return bool(path) and any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
 
 
 def train_tokenizer(documents: Iterable[str], vocab_size: int = VOCAB_SIZE) -> Tokenizer:

@@ -15,7 +15,7 @@ no tensors) and
   of 0 and 1; 4 -> 2: the state of replicas 2 and 3 is dropped, as if those nodes had left);
 * lets DCP reshard everything kept as DTensors when the number of shards changed;
 * where the data-parallel world size (replicas x shards, what torchtitan's dataloader is built
-  for) changed: flexdemo's corpora reshard their position (flexdemo.data.dataloader), any other
+  for) changed: flexdemo's corpora reshard their position (flexdemo.data.resharding), any other
   dataset is refused here, before any rank starts (torchtitan's ParallelAwareDataloader cannot
   reshard: it stops with an assertion when the world shrinks, a missing key when it grows).
 
@@ -118,7 +118,8 @@ def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | 
 def _check_data_position(job_config, path: str, every_key: set[str], replicas: int, shards: int, error) -> None:
     """A checkpoint's data position loads where the data-parallel world size is the one it was
     written by, or the dataset is one of flexdemo's (which reshard it); raise ``error`` otherwise."""
-    from flexdemo.data.dataloader import is_embedded_dataset, saved_data_parallel_ranks
+    from flexdemo.data.dataset import is_embedded_dataset
+    from flexdemo.data.resharding import saved_data_parallel_ranks
 
     if "dataloader" in (job_config.checkpoint.exclude_from_loading or []):
         return

@@ -1,4 +1,5 @@
-"""parallelize_fn wrapper shared by every flexdemo model family.
+"""parallelize_fn wrapper shared by every flexdemo model family: every change to the model is
+made here, none in the optimizer builder.
 
 mode "off":  the family's stock parallelize (HSDP when dp_replicate > 1).
 modes "demo", "diloco", "demo_diloco": the family's stock parallelize, but shown a
@@ -7,9 +8,14 @@ modes "demo", "diloco", "demo_diloco": the family's stock parallelize, but shown
              (disabling HSDP's all-reduce with set_requires_all_reduce(False) does not
              work in FSDP2). flexdemo's optimizer then owns the exchange over
              ``dp_replicate``: DeMo every step, or the DiLoCo outer step every H steps.
+             Once the Trainer has initialised the weights (torchtitan parallelizes the
+             meta-device model first), replicas are made to start identical
+             (``[flexdemo] init_sync``: broadcast from replica 0, or verify) and each
+             replica's gradient is made its own mean gradient (grad_scaling.py). Both run
+             before the optimizer is built and before a checkpoint is loaded, which then
+             overwrites the broadcast weights on resume.
 """
 
-import copy
 import functools
 import os
 
@@ -18,30 +24,32 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
 from . import cpu_shim
-from .config import SEPARATE_REPLICA_MODES, flexdemo_section, validate_job_config
+from . import replicas as rep
+from .config import SEPARATE_REPLICA_MODES, flexdemo_section, replica_local_loss, validate_job_config
+from .grad_scaling import scale_grads_to_replica_mean
+from .torchtitan_workarounds import after_init_weights, shard_only_view
 
 # Attribute on each parallelized model part carrying the job config to the
 # optimizer builder (torchtitan passes it only the [optimizer] section).
 JOB_CONFIG_ATTR = "_flexdemo_job_config"
 
 
-class _ShardOnlyDims(ParallelDims):
-    """ParallelDims view where dp_replicate is invisible to the stock parallelize."""
-
-    @property
-    def dp_replicate_enabled(self) -> bool:
-        return False
-
-    @property
-    def fsdp_gradient_divide_factor(self) -> int:
-        return self.dp_shard * self.cp
+def keep_replicas_apart(model: nn.Module, parallel_dims: ParallelDims, job_config) -> None:
+    """The modes that keep replicas apart, on an initialised model: replicas start identical
+    (``init_sync``), and each replica's gradient is its own mean gradient."""
+    cfg = flexdemo_section(job_config)
+    start_replicas_identical([model], rep.replicate_group(parallel_dims), cfg.init_sync)
+    scale_grads_to_replica_mean([model], parallel_dims.dp_replicate, replica_local_loss(job_config))
 
 
-def shard_only_view(parallel_dims: ParallelDims) -> ParallelDims:
-    parallel_dims.world_mesh  # build meshes first so the view shares them
-    view = _ShardOnlyDims.__new__(_ShardOnlyDims)
-    view.__dict__.update(copy.copy(parallel_dims.__dict__))
-    return view
+def start_replicas_identical(model_parts, group, init_sync: str) -> None:
+    if group is None:
+        return
+    if init_sync == "broadcast":
+        rep.broadcast_from_replica0(model_parts, group)
+        logger.info("flexdemo: broadcast initial params from replica 0")
+    elif init_sync == "verify":
+        rep.verify_identical(model_parts, group, step=0)
 
 
 def wrap_parallelize(stock_fn):
@@ -59,6 +67,7 @@ def wrap_parallelize(stock_fn):
                 f"flexdemo: {inside} inside each replica; mode {cfg.mode} exchanges across "
                 f"dp_replicate={parallel_dims.dp_replicate}"
             )
+            after_init_weights(model, functools.partial(keep_replicas_apart, model, parallel_dims, job_config))
         else:
             model = stock_fn(model, parallel_dims, job_config, *args, **kwargs)
         if cpu_shim.active():

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
 
     job_config = check_config_or_exit(["--job.config_file", config, *overrides], world)
 
-    from flexdemo.data.dataloader import embedded_tokenizer_dir
+    from .dataloader import embedded_tokenizer_dir
 
     assets, reason = embedded_tokenizer_dir(job_config)
     if reason:

@@ -11,6 +11,12 @@ from torchtitan.tools.logging import logger
 from flexdemo.local import local_tensor
 
 
+def replicate_group(parallel_dims) -> dist.ProcessGroup | None:
+    """The process group over ``dp_replicate`` (None: one replica)."""
+    mesh = parallel_dims.get_optional_mesh("dp_replicate")
+    return None if mesh is None else mesh.get_group()
+
+
 class ReplicaSyncError(RuntimeError):
     """Replicas were found to differ; raised on every rank together."""
 

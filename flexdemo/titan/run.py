@@ -25,9 +25,8 @@ def check_config(argv: list[str], world_size: int | None):
     Returns the parsed config."""
     from torchtitan.config import ConfigManager
 
-    from flexdemo.data.dataloader import check_tokenizer_available
-
     from .config import validate_job_config
+    from .dataloader import check_tokenizer_available
 
     job_config = ConfigManager().parse_args(argv)
     if hasattr(job_config, "flexdemo"):

@@ -7,10 +7,10 @@ import dataclasses
 
 from torchtitan.protocols.train_spec import TrainSpec
 
-from .data import build_flexdemo_dataloader, build_flexdemo_tokenizer
+from .dataloader import build_dataloader, build_tokenizer
 from .flavors import EXTRA_FLAVORS
 from .metrics import build_flexdemo_metrics_processor
-from .optimizer import build_flexdemo_optimizers
+from .optimizer_builder import build_flexdemo_optimizers
 from .parallelize import wrap_parallelize
 from .validation import wrap_validator_builder
 
@@ -27,8 +27,8 @@ def flexdemo_spec(base: TrainSpec, extra_flavors=None) -> TrainSpec:
         model_args={**base.model_args, **(extra_flavors or {})},
         parallelize_fn=wrap_parallelize(base.parallelize_fn),
         build_optimizers_fn=build_flexdemo_optimizers,
-        build_dataloader_fn=build_flexdemo_dataloader,
-        build_tokenizer_fn=build_flexdemo_tokenizer,
+        build_dataloader_fn=build_dataloader,
+        build_tokenizer_fn=build_tokenizer,
         build_metrics_processor_fn=build_flexdemo_metrics_processor,
         build_validator_fn=base.build_validator_fn and wrap_validator_builder(base.build_validator_fn),
     )

@@ -9,42 +9,17 @@ is then skipped), and the only per-step traffic between replicas is flexdemo's e
 
 Done through torchtitan's public extension point for trainers (``torchtitan.train.main``
 takes the Trainer class; ``python -m flexdemo.titan.run`` passes this one): the trainer's
-ParallelDims is shown through a view whose "batch" is the replica's shard group. Logged
+ParallelDims is shown through a view whose "batch" is the replica's shard group
+(torchtitan_workarounds.ReplicaLocalBatch: 0.2.2 has no hook for that group). Logged
 losses stay global (flexdemo's metrics processor rescales their average, see metrics.py).
 Under torchtitan's own entry point (the stock Trainer) the all-reduce stays and the
 gradients are rescaled instead.
 """
 
-import copy
-
-from torchtitan.distributed import ParallelDims
 from torchtitan.train import Trainer
 
 from .config import REPLICA_LOCAL_LOSS_ATTR, SEPARATE_REPLICA_MODES
-
-
-class _ReplicaLocalBatch(ParallelDims):
-    """A ParallelDims view in which the data-parallel "batch" is one replica's shards."""
-
-    @property
-    def dp_enabled(self) -> bool:
-        return self.dp_shard * self.cp > 1
-
-    @property
-    def dp_cp_enabled(self) -> bool:
-        # The logged loss stays global: torchtitan sums it over all data-parallel ranks.
-        return self.dp_replicate * self.dp_shard * self.cp > 1
-
-    def get_mesh(self, dims):
-        if dims == "batch":
-            return super().get_mesh("fsdp")
-        return super().get_mesh(dims)
-
-
-def replica_local_batch_view(parallel_dims: ParallelDims) -> ParallelDims:
-    view = _ReplicaLocalBatch.__new__(_ReplicaLocalBatch)
-    view.__dict__.update(copy.copy(parallel_dims.__dict__))
-    return view
+from .torchtitan_workarounds import replica_local_batch_view
 
 
 class FlexTrainer(Trainer):
