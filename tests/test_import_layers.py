@@ -13,7 +13,6 @@ import ast
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "flexdemo"
 
@@ -22,7 +21,7 @@ RANKS = {
     "flexdemo.local": 0,  # the local shard of a DTensor
     "flexdemo.wire": 0,  # DCT, bit packing, the payload format: torch and stdlib only
     "flexdemo.kernels": 1,  # Triton kernels writing and reading the wire
-    "flexdemo.data": 1,  # corpora, tokenizers, the data loader
+    "flexdemo.data": 1,  # corpora, tokenizers, the dataset and its resharding (no torchtitan)
     "flexdemo.compression": 2,  # torch codec, plan, paths, exchange, agreement, TopkCompressor
     "flexdemo.replica_check": 3,  # the replicas-identical check (uses compression.exchange)
     "flexdemo.optim": 3,  # DeMo, DiLoCo
@@ -106,11 +105,9 @@ def _find_cycle(nodes: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def _package_graph(graph, leave_out=()) -> dict[str, set[str]]:
+def _package_graph(graph) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for a, b in _edges(graph):
-        if (a, b) in leave_out:
-            continue
         pa, pb = _package(a), _package(b)
         if pa != pb:
             out.setdefault(pa, set()).add(pb)
@@ -121,14 +118,6 @@ def _edge_witnesses(graph, pa: str, pb: str) -> list[str]:
     return [f"{a} -> {b}" for a, b in _edges(graph) if _package(a) == pa and _package(b) == pb]
 
 
-# Known and being removed elsewhere: flexdemo/data and flexdemo/titan import each other lazily
-# (data.dataloader -> titan.checkpoint_format, titan.checkpoint_format -> data.dataloader). The
-# titan layering branch moves the torchtitan side of flexdemo/data into flexdemo/titan; the
-# other tests leave this one edge out, and the xfail tests below flip (strict) once it is gone:
-# then delete DATA_TITAN_EDGE and the xfail marks.
-DATA_TITAN_EDGE = ("flexdemo.data.dataloader", "flexdemo.titan.checkpoint_format")
-
-
 def test_every_package_has_a_rank():
     missing = sorted({_package(m) for m in _modules()} - set(RANKS))
     assert not missing, f"packages with no rank in RANKS (give each one): {missing}"
@@ -136,31 +125,20 @@ def test_every_package_has_a_rank():
 
 def test_no_cycle_between_packages():
     graph = _graph()
-    cycle = _find_cycle(_package_graph(graph, leave_out={DATA_TITAN_EDGE}))
-    assert cycle is None, "package cycle " + " -> ".join(cycle) + ": " + "; ".join(
-        w for pa, pb in zip(cycle, cycle[1:]) for w in _edge_witnesses(graph, pa, pb))
-
-
-@pytest.mark.xfail(strict=True, reason="flexdemo/data imports flexdemo/titan; moved by the titan layering branch")
-def test_no_cycle_between_data_and_titan():
-    graph = _graph()
     cycle = _find_cycle(_package_graph(graph))
     assert cycle is None, "package cycle " + " -> ".join(cycle) + ": " + "; ".join(
         w for pa, pb in zip(cycle, cycle[1:]) for w in _edge_witnesses(graph, pa, pb))
 
 
 def test_no_cycle_between_modules():
-    graph = _graph()
-    graph[DATA_TITAN_EDGE[0]].discard(DATA_TITAN_EDGE[1])
-    cycle = _find_cycle(graph)
+    cycle = _find_cycle(_graph())
     assert cycle is None, "module import cycle: " + " -> ".join(cycle)
 
 
 def test_imports_point_down_the_ranks():
     upward = [f"{a} (rank {RANKS[_package(a)]}) -> {b} (rank {RANKS[_package(b)]})"
               for a, b in _edges(_graph())
-              if _package(a) != _package(b) and RANKS[_package(b)] >= RANKS[_package(a)]
-              and (a, b) != DATA_TITAN_EDGE]
+              if _package(a) != _package(b) and RANKS[_package(b)] >= RANKS[_package(a)]]
     assert not upward, "imports that do not point to a lower rank:\n" + "\n".join(upward)
 
 
@@ -180,7 +158,6 @@ def test_kernels_never_import_compression():
     assert not wrong, "flexdemo.kernels must not import flexdemo.compression: " + "; ".join(wrong)
 
 
-@pytest.mark.xfail(strict=True, reason="flexdemo/data still imports torchtitan; moved by the titan layering branch")
 def test_data_imports_no_torchtitan():
     wrong = sorted({f"{name} -> {t}" for name, path in _modules().items() if _package(name) == "flexdemo.data"
                     for t in _imports(name, path) if t.split(".")[0] == "torchtitan"})
