@@ -1,6 +1,8 @@
 """In mode "demo" each replica must hold its own replica-mean gradient before clipping:
 the replica average of the gradients equals the full-batch mean gradient.  Checked with
-FSDP inside each replica (2x2) and without FSDP (2x1: tensor-hook path)."""
+FSDP inside each replica (2x2) and without FSDP (2x1: tensor-hook path). Both changes, and
+the broadcast that makes replicas start identical, are made by flexdemo's parallelize once the
+weights exist."""
 
 import os
 import subprocess
@@ -26,6 +28,8 @@ def test_demo_grads_are_replica_mean(shards):
     proc = _run(shards)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("worst relative error") == 2 * shards
+    # and the replicas, initialised from different seeds, start identical (init_sync broadcast)
+    assert proc.stdout.count("tensors differing between replicas after init: 0") == 2 * shards, proc.stdout
 
 
 def test_check_detects_missing_scaling():
@@ -33,3 +37,4 @@ def test_check_detects_missing_scaling():
     proc = _run(shards=1, skip_scaling=True)
     assert proc.returncode != 0
     assert "worst relative error 5.000e-01" in proc.stdout
+    assert "tensors differing between replicas after init: 0" not in proc.stdout  # no broadcast either

@@ -75,8 +75,19 @@ if SKIP_SCALING:  # the same parallelize, less what flexdemo's adds once the wei
 else:  # scales the gradients when init_weights returns, as under torchtitan's Trainer
     model = wrap_parallelize(parallelize_llama)(model, dims, job)
 model.to_empty(device="cpu")
+replicate_group = dims.get_mesh("dp_replicate").get_group()
+torch.manual_seed(1000 + dims.get_mesh("dp_replicate").get_local_rank())  # replicas initialise apart
 with torch.no_grad():
     model.init_weights()
+    # init_sync = "broadcast" (the default): flexdemo's step after init_weights made every replica
+    # replica 0's copy.
+    differ = 0
+    for p in model.parameters():
+        local = (p.to_local() if isinstance(p, DTensor) else p).contiguous()
+        copies = [torch.empty_like(local) for _ in range(REPLICAS)]
+        dist.all_gather(copies, local, group=replicate_group)
+        differ += sum(not torch.equal(copies[0], c) for c in copies[1:])
+    print(f"rank {dist.get_rank()} tensors differing between replicas after init: {differ}", flush=True)
     for name, p in model.named_parameters():
         if isinstance(p, DTensor):
             p.to_local().copy_(torch.chunk(full[name], SHARDS, dim=0)[shard])
@@ -85,7 +96,6 @@ with torch.no_grad():
 inputs, labels = batches[dist.get_rank()]
 (loss_sum(model, inputs, labels) / total_tokens).backward()
 
-replicate_group = dims.get_mesh("dp_replicate").get_group()
 ref_grads = dict(reference.named_parameters())
 worst = 0.0
 for name, p in model.named_parameters():
