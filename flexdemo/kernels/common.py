@@ -81,7 +81,7 @@ def search_bracket(k: int, n1: int) -> bool:
     """Whether the encode's top-k search narrows the bracket [smallest row max, block max]
     (common.topk_threshold's interval search; valid for k <= n1 rows) rather than building the
     threshold from the top bit: ~3.8 instead of ~7.4 rounds per block on momentum-like data
-    (scripts/topk_search_rounds.py; docs/benchmarks.md section 5 has the timings). The selection
+    (counted on CPU on synthetic momentum-like DCT coefficients). The selection
     is the same either way (tested through fused_encode's ``bracket`` argument)."""
     return k <= n1
 
@@ -130,7 +130,7 @@ def num_warps(p1: int, p2: int) -> int:
 # Register ceilings per kernel on Hopper (sm_90; an SM has 64 K registers), for more blocks per
 # SM: the encode at 4 warps held two blocks at ~250 registers, three at 168 (with spills); the
 # mean decode three at 136, four at 128 (no spills). On an H200, llama3-8B shard: grouped encode
-# 16.97 -> 15.37 ms, decode 6.7 -> 6.0 ms (docs/benchmarks.md section 5, round 5). Other
+# 16.97 -> 15.37 ms, decode 6.7 -> 6.0 ms (measured once, one H200). Other
 # architectures keep the compiler's choice (not measured).
 HOPPER_MAXNREG = {"encode": 168, "decode": 128}
 

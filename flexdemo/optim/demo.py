@@ -29,8 +29,7 @@ A step does not wait on the host: the non-finite flag is read by the encode on t
 gates the update there, and the flag bytes reach the host in the background (with overlap, on a
 side stream as soon as the exchange lands), read before the momentum is next used (the next
 step, ``state_dict``). A CPU that waits for the GPU mid-step leaves the GPU idle while it
-launches the next step's kernels (on NVLink that cost FlexDeMo 10% of its tokens/s;
-docs/benchmarks.md section 5 round 5).
+launches the next step's kernels (on NVLink that cost FlexDeMo 10% of its tokens/s).
 """
 
 from __future__ import annotations

@@ -83,9 +83,9 @@ class FlexDemo:
     overlap: bool = False
     """demo: apply each step's exchanged update one step later, so the exchange runs while the
     next forward/backward computes (the gradient then lags the update by one step). It costs
-    loss: +18% held-out loss after 1000 steps of the small flavor at lr 1e-3 (docs/benchmarks.md
-    section 7, round 4), for a 19% faster step over a 1 Gbit/s link. On NVLink it buys no speed
-    (98.7% of AdamW-DDP's tokens/s against 99-101% without, 1B, 2 x H200: section 5 round 5)."""
+    loss: +18% held-out loss after 1000 steps of the small flavor at lr 1e-3 (docs/results.md
+    1.2), for a 19% faster step over a 1 Gbit/s link. On NVLink it buys no speed (98.7% of
+    AdamW-DDP's tokens/s against 99-101% without, 1B, 2 x H200: docs/results.md 1.3)."""
 
     validation_same_batches: bool = True
     """With [validation] enabled: every validation scores the same held-out batches (torchtitan's
