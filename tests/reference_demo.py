@@ -31,7 +31,9 @@ def ref_dct_basis(n: int) -> torch.Tensor:
 
 
 class ReferenceDeMo:
-    def __init__(self, params, lr, decay, topk, chunk, weight_decay, encoding, group=None):
+    def __init__(self, params, lr, decay, topk, chunk, weight_decay, encoding, group=None, sharded_topk=None):
+        # sharded_topk: the sharded exchange's re-compression of the mean (None: all_gather).
+        self.sharded_topk = sharded_topk
         self.params, self.lr, self.decay = list(params), lr, decay
         self.topk, self.chunk, self.wd, self.encoding, self.group = topk, chunk, weight_decay, encoding, group
         self.delta = [torch.zeros_like(p) for p in self.params]
@@ -93,6 +95,9 @@ class ReferenceDeMo:
             dist.all_gather(all_idx, idx, group=self.group)
             dist.all_gather(all_val, val, group=self.group)
             dense = mean_of_votes(torch.cat(all_idx, -1), torch.cat(all_val, -1), coeffs.shape[-1]).reshape(coeffs.shape)
+            if self.sharded_topk is not None:
+                dense = recompress_mean(torch.cat(all_idx, -1), torch.cat(all_val, -1), dense, self.sharded_topk,
+                                        self.encoding)
             decoded = self._decode(dense, p.shape, ns, inv)
             self.last_decoded.append(decoded)
             if apply:
@@ -112,6 +117,31 @@ def mean_of_votes(idx, val, n):
         for i, vs in votes.items():
             out[row, i] = sum(vs) / len(vs)
     return out
+
+
+def recompress_mean(idx, val, dense, k2, encoding):
+    """The sharded exchange's owners, per block row: keep the ``k2`` coefficients of ``dense``
+    (the voters' mean) with the largest |sum of the values voting for them| (ties: the lower
+    index), their means encoded as ``encoding`` sends values; the rest zero."""
+    idx, val = idx.reshape(-1, idx.shape[-1]), val.reshape(-1, val.shape[-1])
+    flat = dense.reshape(-1, dense.shape[-1])
+    out = torch.zeros_like(flat)
+    for row in range(flat.shape[0]):
+        sums = [0.0] * flat.shape[1]
+        for i, v in zip(idx[row].tolist(), val[row].tolist()):
+            sums[i] += v
+        kept = sorted(range(flat.shape[1]), key=lambda i: (-abs(sums[i]), i))[: min(k2, flat.shape[1])]
+        means = flat[row, kept]
+        if encoding == "sign":
+            means = torch.sign(means)
+        elif encoding == "scaled_sign":
+            voters = means != 0
+            scale = means.abs().sum() / max(int(voters.sum()), 1)
+            means = torch.sign(means) * scale
+        elif encoding == "bf16":
+            means = means.to(torch.bfloat16).to(flat.dtype)
+        out[row, kept] = means
+    return out.reshape(dense.shape)
 
 
 def differs_only_where_update_is_zero(ours, ref, decoded) -> bool:

@@ -118,9 +118,9 @@ def unpack_payload(
     return torch.where(vals != 0, idx, -1), vals
 
 
-def mean_of_selected(idx: torch.Tensor, vals: torch.Tensor, block_numel: int) -> torch.Tensor:
-    """Dense ``[B, block_numel]`` coefficients: per coefficient, the mean over the replicas
-    that voted for it (zero where none did). Non-voting slots (index -1, value 0) add nothing.
+def vote_totals(idx: torch.Tensor, vals: torch.Tensor, block_numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense ``[B, block_numel]`` sums of the replicas' values per coefficient, and how many
+    replicas voted for it. Non-voting slots (index -1, value 0) add nothing.
 
     Replicas are added one at a time, in rank order: within one replica a block's indices
     are distinct, so each scatter_add is free of races and every rank computes the same
@@ -131,9 +131,16 @@ def mean_of_selected(idx: torch.Tensor, vals: torch.Tensor, block_numel: int) ->
     count = vals.new_zeros(B, block_numel)
     for w in range(W):
         votes = idx[w] >= 0
-        where = idx[w].clamp_min(0)  # a non-voter adds 0 to column 0
+        where = idx[w].long().clamp_min(0)  # a non-voter adds 0 to column 0
         total.scatter_add_(1, where, torch.where(votes, vals[w], 0.0))
         count.scatter_add_(1, where, votes.to(vals.dtype))
+    return total, count
+
+
+def mean_of_selected(idx: torch.Tensor, vals: torch.Tensor, block_numel: int) -> torch.Tensor:
+    """Dense ``[B, block_numel]`` coefficients: per coefficient, the mean over the replicas
+    that voted for it (zero where none did)."""
+    total, count = vote_totals(idx, vals, block_numel)
     return total / count.clamp_min(1)
 
 

@@ -28,6 +28,7 @@ import time
 from typing import Literal, get_args
 
 import torch
+import torch.distributed as dist
 
 from flexdemo.compression.agreement import check_settings_agree, compressor_settings
 from flexdemo.compression.codec import sent_values
@@ -36,17 +37,20 @@ from flexdemo.compression.exchange import (
     Traffic,
     distributed,
     gather_payloads,
+    group_size,
     wait_for,
 )
 from flexdemo.compression.paths import choose_path
 from flexdemo.compression.plan import Bucket, build_plan
+from flexdemo.compression.sharded import ShardedExchange
 from flexdemo.local import local_tensor
 from flexdemo.wire.dct import blocks_idct
-from flexdemo.wire.format import check_encoding
+from flexdemo.wire.format import FLAG_BYTES, check_encoding
 
-FLAG_BYTES = 1
 KernelPrecision = Literal["ieee", "tf32x3"]
 KERNEL_PRECISIONS: tuple[str, ...] = get_args(KernelPrecision)
+Exchange = Literal["allgather", "sharded"]
+EXCHANGES: tuple[str, ...] = get_args(Exchange)
 
 
 class StartedExchange:
@@ -82,10 +86,10 @@ class HostFlags:
     the exchange on the stream, so that reading it (:meth:`values`) later waits only for that
     copy, not for the work queued after it (a ``tolist()`` would)."""
 
-    def __init__(self, gathered: torch.Tensor, work=None):
-        """``work``: the all_gather still in flight (CUDA): the copy then runs on a side stream
-        that waits for the collective only, not for what the compute stream queues meanwhile."""
-        column = gathered[:, -FLAG_BYTES]
+    def __init__(self, column: torch.Tensor, work=None):
+        """``column``: every replica's flag byte (:meth:`TopkCompressor.flag_bytes`). ``work``:
+        the all_gather still in flight (CUDA): the copy then runs on a side stream that waits for
+        the collective only, not for what the compute stream queues meanwhile."""
         self._event = None
         if not column.is_cuda:
             self._host = column.clone()
@@ -102,7 +106,7 @@ class HostFlags:
             work.wait()  # NCCL: this stream waits for the collective (the host does not)
             self._host.copy_(column, non_blocking=True)
             self._event.record(side)
-        gathered.record_stream(side)
+        column.record_stream(side)
 
     def ready(self) -> bool:
         return self._event is None or self._event.query()
@@ -132,8 +136,14 @@ class TopkCompressor:
         timeout: float | None = None,
         who: str = "compression",
         agree: dict[str, str] | None = None,
+        exchange: str = "allgather",
+        sharded_topk: int = 0,
     ):
         check_encoding(encoding)
+        if exchange not in EXCHANGES:
+            raise ValueError(f"{who}: exchange must be one of {EXCHANGES}, got {exchange!r}")
+        if not isinstance(sharded_topk, int) or isinstance(sharded_topk, bool) or sharded_topk < 0:
+            raise ValueError(f"{who}: sharded_topk must be an int >= 0 (0: the top-k), got {sharded_topk!r}")
         if kernel_precision not in KERNEL_PRECISIONS:
             raise ValueError(f"{who}: kernel_precision must be one of {KERNEL_PRECISIONS}, got {kernel_precision!r}")
         # tl.dot precision of the fused kernels' DCTs: "tf32x3" (three TF32 tensor-core products,
@@ -145,14 +155,25 @@ class TopkCompressor:
         entries = [[(t, tuple(local_tensor(t).shape), t.dtype) for t in ts] for ts in groups]
         self.buckets, coefficient_bytes = build_plan(entries, chunks, topks, encoding)
         self.nbytes = coefficient_bytes + FLAG_BYTES  # the flag byte ends each payload
-        for b in self.buckets:
-            b.path = choose_path(b, fused, encoding, kernel_precision)
+        self._index = {id(b): i for i, b in enumerate(self.buckets)}
+        # "sharded": owners aggregate and re-compress (compression.sharded); one replica: nothing to shard.
+        world = group_size(replicate_group)
+        self.sharded = None
+        if exchange == "sharded" and world > 1:
+            self.sharded = ShardedExchange(self.buckets, encoding, sharded_topk, world,
+                                           dist.get_rank(replicate_group))
+            self.nbytes = self.sharded.payload_nbytes
+        for i, b in enumerate(self.buckets):
+            # the decode reads the owners' sharded_topk means per block in the sharded exchange
+            k_read = self.sharded.k_decoded(i) if self.sharded else b.k
+            b.path = choose_path(b, fused, encoding, kernel_precision, k_read)
         flat = [t for ts in groups for t in ts]
         self.device = local_tensor(flat[0]).device if flat else torch.device("cpu")
         self.last_traffic = Traffic()
         self._timer: ExchangeTimer | None = None
         if distributed():  # the caller's settings (``agree``) and everything that changes the decoded bits
             settings = compressor_settings(self.buckets, entries, encoding, kernel_precision, self.device)
+            settings["exchange"] = exchange if exchange == "allgather" else f"sharded, sharded_topk {sharded_topk}"
             check_settings_agree(who, {**(agree or {}), **settings}, replicate_group, self.device)
 
     @property
@@ -184,6 +205,8 @@ class TopkCompressor:
 
     def pack(self, bucket: Bucket, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
         """A bucket's kept coefficients (all its members, in order) -> its bytes of the payload."""
+        if self.sharded is not None:
+            return self.sharded.pack(self._index[id(bucket)], idx, vals)
         return bucket.path.pack(idx, vals, bucket.block_numel)
 
     def encode(self, bucket: Bucket, accs, incs=None, scale: float = 1.0, decay: float = 1.0) -> torch.Tensor:
@@ -201,7 +224,16 @@ class TopkCompressor:
 
     def exchange(self, payloads: list[torch.Tensor], flag: torch.Tensor | None = None) -> torch.Tensor:
         """ONE all_gather of every bucket's payload and this rank's flag (a 0/1 byte, zero
-        if None): ``[replicas, nbytes]`` bytes on every rank."""
+        if None): ``[replicas, nbytes]`` bytes on every rank. The sharded exchange instead: an
+        all_to_all to the owners and an all_gather of their means (:mod:`.sharded`)."""
+        if self.sharded is not None:
+            if flag is None:
+                flag = torch.zeros(FLAG_BYTES, dtype=torch.uint8, device=self.device)
+            timer = ExchangeTimer(self.device)
+            rows, self.last_traffic = self.sharded.exchange(
+                payloads, flag.to(device=self.device, dtype=torch.uint8), self.group, self.timeout, self.device)
+            self._timer = timer.stop()
+            return rows
         mine = self._concat(payloads, flag)
         timer = ExchangeTimer(mine.device)
         gathered, self.last_traffic, _ = gather_payloads(mine, self.group, timeout=self.timeout)
@@ -211,11 +243,14 @@ class TopkCompressor:
     def start_exchange(self, payloads: list[torch.Tensor], flag: torch.Tensor | None = None) -> "StartedExchange":
         """The same all_gather, started and not waited for: it runs while the caller computes
         (on CUDA, on NCCL's stream). ``StartedExchange.result()`` waits and returns the bytes."""
+        if self.sharded is not None:
+            raise ValueError("the sharded exchange runs two collectives with the owners' work between them: "
+                             "it cannot be started and left in flight (overlap needs exchange = \"allgather\")")
         mine = self._concat(payloads, flag)
         gathered, self.last_traffic, work = gather_payloads(mine, self.group, async_op=True)
         started = StartedExchange(gathered, work, self.group, self.timeout)
         if gathered.is_cuda and work is not None:  # on their way to the host as soon as they land
-            started.flags = HostFlags(gathered, work)
+            started.flags = HostFlags(self.flag_bytes(gathered), work)
         return started
 
     @property
@@ -223,10 +258,15 @@ class TopkCompressor:
         """Wall time of the last all_gather (on CUDA: between stream events, read lazily)."""
         return self._timer.seconds() if self._timer is not None else 0.0
 
-    @staticmethod
-    def flags(gathered: torch.Tensor) -> list[int]:
+    def flag_bytes(self, gathered: torch.Tensor) -> torch.Tensor:
+        """Every replica's flag byte, in rank order, on the exchange's device."""
+        if self.sharded is not None:
+            return self.sharded.flag_bytes(gathered)
+        return gathered[:, -FLAG_BYTES]
+
+    def flags(self, gathered: torch.Tensor) -> list[int]:
         """Every replica's flag byte, in rank order (a host copy)."""
-        return gathered[:, -FLAG_BYTES].tolist()
+        return self.flag_bytes(gathered).tolist()
 
     def restore(self, bucket: Bucket, idx: torch.Tensor, vals: torch.Tensor, accs: list[torch.Tensor],
                 members: list[int] | None = None) -> None:
@@ -243,7 +283,10 @@ class TopkCompressor:
     # -- decode -----------------------------------------------------------------------------
 
     def unpack(self, bucket: Bucket, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every replica's ``(idx, vals)`` ``[W, B, k]`` of one bucket, from the gathered bytes."""
+        """Every replica's ``(idx, vals)`` ``[W, B, k]`` of one bucket, from the gathered bytes (the
+        sharded exchange: the owners' means as one voter, ``[1, B, sharded_topk]``)."""
+        if self.sharded is not None:
+            return self.sharded.unpack(self._index[id(bucket)], gathered)
         payloads = gathered[:, bucket.byte_offset : bucket.byte_offset + bucket.nbytes(self.encoding)]
         return bucket.path.unpack(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, bucket.dtype)
 

@@ -103,10 +103,13 @@ class FusedPath:
         fused_mean_decode_many([out], idx.contiguous(), vals.contiguous(), [layout], precision=self.precision)
 
 
-def choose_path(bucket, fused: bool, encoding: str, precision: str) -> TorchPath | FusedPath:
-    """The fused path if ``fused`` and every member of ``bucket`` fits the kernels, else torch."""
+def choose_path(bucket, fused: bool, encoding: str, precision: str, k_read: int | None = None) -> TorchPath | FusedPath:
+    """The fused path if ``fused`` and every member of ``bucket`` fits the kernels, else torch.
+    ``k_read``: coefficients per block the decode reads, if not the bucket's top-k (the sharded
+    exchange's means)."""
+    k = max(bucket.k, k_read or 0)
     fits = fused and all(
-        fused_supported(m.layout, local_tensor(m.param).device, m.param.dtype, bucket.k)
+        fused_supported(m.layout, local_tensor(m.param).device, m.param.dtype, k)
         and local_tensor(m.param).is_contiguous()
         for m in bucket.members
     )

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from flexdemo.compression.compressor import FLAG_BYTES, HostFlags, StartedExchange, TopkCompressor
+from flexdemo.compression.compressor import EXCHANGES, HostFlags, StartedExchange, TopkCompressor
 from flexdemo.compression.exchange import (
     NonFiniteError,
     check_replicate_group,
@@ -73,9 +73,16 @@ class DeMo(torch.optim.Optimizer):
         kernel_precision: str = "tf32x3",
         exchange_timeout: float | None = None,
         nonfinite: str = "skip",
+        exchange: str = "allgather",
+        sharded_topk: int = 0,
     ):
         _check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
         check_encoding(value_encoding)
+        if exchange not in EXCHANGES:
+            raise ValueError(f"DeMo: exchange must be one of {EXCHANGES}, got {exchange!r}")
+        if overlap and exchange == "sharded":
+            raise ValueError("DeMo: overlap needs exchange=\"allgather\" (the sharded exchange's two collectives, "
+                             "with the owners' work between them, cannot be left in flight)")
         if not isinstance(fused, bool):
             raise ValueError(f"DeMo: fused must be True or False, got {fused!r}")
         if not isinstance(overlap, bool):
@@ -96,6 +103,7 @@ class DeMo(torch.optim.Optimizer):
         self.overlap = overlap
         self.kernel_precision = kernel_precision
         self.exchange_timeout = exchange_timeout
+        self.exchange, self.sharded_topk = exchange, sharded_topk
         self._pending: StartedExchange | None = None  # overlap: the last step's exchange
         self._pending_lrs: list[float] = []
         self._waited_seconds = 0.0
@@ -137,6 +145,8 @@ class DeMo(torch.optim.Optimizer):
             timeout=self.exchange_timeout,
             who="DeMo",
             agree=self._settings(),
+            exchange=self.exchange,
+            sharded_topk=self.sharded_topk,
         )
 
     def _settings(self) -> dict[str, str]:
@@ -232,9 +242,9 @@ class DeMo(torch.optim.Optimizer):
         comp = self.compressor
         if self.nonfinite == "skip":
             self._settle()
-            keep = (gathered[:, -FLAG_BYTES] == 0).all().to(torch.float32)
+            keep = (comp.flag_bytes(gathered) == 0).all().to(torch.float32)
             self._apply(gathered, lrs, scales, keep)
-            self._unsettled = (flags if flags is not None else HostFlags(gathered), sent)
+            self._unsettled = (flags if flags is not None else HostFlags(comp.flag_bytes(gathered)), sent)
             return
         bad = [r for r, flag in enumerate(comp.flags(gathered)) if flag]  # "stop"
         if not bad:

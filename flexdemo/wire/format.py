@@ -38,6 +38,9 @@ SCALE_NBYTES = 4  # one fp32 scale per block (scaled_sign)
 # The payload format's version: part of the replicas' start-up agreement, so ranks that would
 # read each other's bytes differently refuse to start. Bump it with any change to the bytes.
 WIRE_FORMAT_VERSION = 2
+# Each replica's payload ends with one flag byte: 1 = it saw a non-finite value (every replica
+# then skips, or stops, alike).
+FLAG_BYTES = 1
 
 
 def check_encoding(encoding: str) -> None:

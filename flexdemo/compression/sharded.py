@@ -1,0 +1,154 @@
+"""The sharded exchange: per-rank bytes that do not grow with the number of replicas W.
+
+The all_gather exchange hands every replica all W payloads: each rank receives (W - 1) x its
+own payload per step. Here each bucket's DCT blocks are split among the replicas in contiguous
+ranges (owner ``o`` holds blocks ``[o*B//W, (o+1)*B//W)``), and one exchange is two collectives:
+
+1. **all_to_all**: every replica sends each owner its kept coefficients of that owner's blocks,
+   packed in the payload format (top-k per block);
+2. each owner unpacks what the W replicas sent it and forms, per coefficient, the mean over the
+   replicas that voted for it: the mean the all_gather decode forms. Per block it keeps the
+   ``sharded_topk`` coefficients with the largest summed vote (|sum of the replicas' values|:
+   the coefficients most replicas pushed the same way; ties to the lower index) and packs their
+   *means* in the configured value encoding, followed by its own flag byte;
+3. **all_to_all** again: every owner sends its packed means to every replica (an all_gather of
+   rows of slightly different lengths, unpadded), so all hold the same bits, and each replica
+   decodes every block from one voter (its owner).
+
+Each rank receives about (W-1)/W x (its payload + the means' payload) per step: flat in W.
+What the re-compression drops: coefficients beyond ``sharded_topk`` per block (none when
+``sharded_topk >= W x topk``), and what the value encoding cannot carry of a mean (``fp32``:
+nothing, so at that budget the update equals the all_gather exchange's bit for bit; ``sign``:
+the mean's size, e.g. a coefficient 2 of 3 voters pushed up decodes as +1, not +1/3; ``bf16``:
+its rounding). Neither is fed back into an error-feedback buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from flexdemo.compression.codec import pack_payload, scaled_signs, vote_totals
+from flexdemo.compression.exchange import Traffic, wait_for
+from flexdemo.compression.plan import Bucket
+from flexdemo.wire.format import FLAG_BYTES, clamp_topk, coefficients_nbytes
+
+
+class ShardedExchange:
+    """The byte layout and the two collectives of the sharded exchange for one compressor's
+    buckets, on rank ``rank`` of a replica group of ``world`` ranks."""
+
+    def __init__(self, buckets: list[Bucket], encoding: str, sharded_topk: int, world: int, rank: int):
+        self.buckets, self.encoding, self.world, self.rank = buckets, encoding, world, rank
+        # Per bucket: the means kept per block, the owners' first blocks, and per owner the bytes
+        # of the coefficients sent to it (stage 1) and of its packed means (stage 2).
+        self.k2 = [clamp_topk(sharded_topk or b.k, b.block_numel) for b in buckets]
+        self.starts = [[o * b.num_blocks // world for o in range(world + 1)] for b in buckets]
+        self.sent_bytes = [[coefficients_nbytes(s[o + 1] - s[o], b.k, b.block_numel, encoding) for o in range(world)]
+                           for b, s in zip(buckets, self.starts)]
+        self.mean_bytes = [[coefficients_nbytes(s[o + 1] - s[o], k2, b.block_numel, encoding) for o in range(world)]
+                           for b, s, k2 in zip(buckets, self.starts, self.k2)]
+        # Stage 1, owner-major: owner o's part is every bucket's coefficients of o's blocks.
+        # Stage 2: owner o's row is every bucket's means of o's blocks, then o's own flag byte
+        # (a replica that saw a non-finite value sent finite coefficients without that gradient in
+        # stage 1; its flag tells every replica to skip the update).
+        self.part_bytes = [sum(sb[o] for sb in self.sent_bytes) for o in range(world)]
+        self.row_bytes = [sum(mb[o] for mb in self.mean_bytes) + FLAG_BYTES for o in range(world)]
+        self.row_starts = [sum(self.row_bytes[:o]) for o in range(world + 1)]
+
+    @property
+    def payload_nbytes(self) -> int:
+        """Bytes this rank packs per exchange: every owner's part, and its flag byte."""
+        return sum(self.part_bytes) + FLAG_BYTES
+
+    def traffic(self) -> Traffic:
+        """This rank's bytes per exchange: its parts for the other owners and its row, out; the
+        others' parts for its blocks and their rows, in."""
+        me, W = self.rank, self.world
+        others_rows = self.row_starts[W] - self.row_bytes[me]
+        return Traffic(sent=sum(self.part_bytes) - self.part_bytes[me] + (W - 1) * self.row_bytes[me],
+                       received=(W - 1) * self.part_bytes[me] + others_rows)
+
+    def k_decoded(self, i: int) -> int:
+        """Coefficients per block the decode reads for bucket ``i`` (the owners' means)."""
+        return self.k2[i]
+
+    def pack(self, i: int, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        """Bucket ``i``'s kept coefficients ``[B, k]`` -> one bit stream per owner's block range,
+        concatenated in owner order."""
+        b, s = self.buckets[i], self.starts[i]
+        return torch.cat([pack_payload(idx[s[o]:s[o + 1]], vals[s[o]:s[o + 1]], b.block_numel, self.encoding)
+                          for o in range(self.world)])
+
+    def exchange(self, payloads: list[torch.Tensor], flag: torch.Tensor, group, timeout: float | None,
+                 device: torch.device) -> tuple[torch.Tensor, Traffic]:
+        """``payloads``: :meth:`pack`'s bytes of every bucket. Returns every owner's row, end to
+        end (the same bits on every rank), and this rank's traffic."""
+        W, me = self.world, self.rank
+        # Stage 1: the bucket-major bytes regrouped owner-major; each owner gets its part.
+        offsets = [0] * len(payloads)
+        parts = []
+        for o in range(W):
+            for i, p in enumerate(payloads):
+                parts.append(p[offsets[i]:offsets[i] + self.sent_bytes[i][o]])
+                offsets[i] += self.sent_bytes[i][o]
+        send = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8, device=device)
+        recv = torch.empty(W * self.part_bytes[me], dtype=torch.uint8, device=device)
+        work = dist.all_to_all_single(recv, send, output_split_sizes=[self.part_bytes[me]] * W,
+                                      input_split_sizes=self.part_bytes, group=group, async_op=True)
+        wait_for(work, group, timeout, "the sharded exchange (to the owners)")
+        received = recv.view(W, self.part_bytes[me])
+        # Owner: the mean of every coefficient of my blocks, re-compressed; my flag last.
+        row = torch.empty(self.row_bytes[me], dtype=torch.uint8, device=device)
+        at = sent_at = 0
+        for i, b in enumerate(self.buckets):
+            n = self.starts[i][me + 1] - self.starts[i][me]
+            if n:
+                seg = received[:, sent_at:sent_at + self.sent_bytes[i][me]]
+                idx, vals = b.path.unpack(seg, n, b.k, b.block_numel, b.dtype)
+                means = self.owner_means(idx, vals, b.block_numel, self.k2[i])
+                row[at:at + self.mean_bytes[i][me]] = pack_payload(*means, b.block_numel, self.encoding)
+            at += self.mean_bytes[i][me]
+            sent_at += self.sent_bytes[i][me]
+        row[at:] = flag.reshape(FLAG_BYTES)
+        # Stage 2: my row to every replica, every owner's row to me (rows differ in length by
+        # a block or so per bucket: an all_to_all sends each exactly, an all_gather would pad).
+        rows = torch.empty(self.row_starts[W], dtype=torch.uint8, device=device)
+        work = dist.all_to_all_single(rows, row.repeat(W), output_split_sizes=self.row_bytes,
+                                      input_split_sizes=[self.row_bytes[me]] * W, group=group, async_op=True)
+        wait_for(work, group, timeout, "the sharded exchange (from the owners)")
+        return rows, self.traffic()
+
+    def owner_means(self, idx: torch.Tensor, vals: torch.Tensor, block_numel: int,
+                    k2: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """W replicas' ``[W, n, k]`` coefficients of n blocks -> per block the ``k2`` coefficients
+        with the largest |sum of votes| (ties: the lower index), as ``(idx, mean over their
+        voters)`` ``[n, k2]``, the values in the form the encoding packs (scaled_sign: +-scale)."""
+        total, count = vote_totals(idx, vals, block_numel)
+        # Ties (1-bit votes sum to integers) go to the lower index: a stable sort, not topk, whose
+        # order among equals is unspecified (the owner alone decides, but runs must repeat).
+        keep = torch.sort(total.abs(), dim=-1, descending=True, stable=True).indices[:, :k2]
+        means = torch.gather(total, -1, keep) / torch.gather(count, -1, keep).clamp_min(1)
+        if self.encoding == "scaled_sign":
+            means = scaled_signs(means)
+        return keep, means
+
+    def flag_bytes(self, rows: torch.Tensor) -> torch.Tensor:
+        """Every replica's flag byte, in rank order: the last byte of its row."""
+        ends = torch.tensor(self.row_starts[1:], device=rows.device) - FLAG_BYTES
+        return rows[ends]
+
+    def unpack(self, i: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bucket ``i``'s means from every owner's row: ``(idx, vals)`` ``[1, B, k2]``, one voter."""
+        b, s = self.buckets[i], self.starts[i]
+        idx_parts, val_parts = [], []
+        for o in range(self.world):
+            n = s[o + 1] - s[o]
+            if not n:
+                continue
+            at = self.row_starts[o] + sum(self.mean_bytes[j][o] for j in range(i))
+            seg = rows[at:at + self.mean_bytes[i][o]].unsqueeze(0)
+            idx, vals = b.path.unpack(seg, n, self.k2[i], b.block_numel, b.dtype)
+            idx_parts.append(idx)
+            val_parts.append(vals)
+        return torch.cat(idx_parts, dim=1), torch.cat(val_parts, dim=1)
