@@ -7,6 +7,7 @@ import torch
 
 from flexdemo import DeMo
 from flexdemo.compression import TopkCompressor
+from flexdemo.optim.diloco import DiLoCo
 from multiproc import run_ranks
 from reference_demo import ReferenceDeMo, differs_only_where_update_is_zero
 from toy_problem import INPUT_NUMEL, SHAPES, all_ranks_equal, backward_on, loss, make_params
@@ -37,6 +38,31 @@ def test_full_budget_fp32_is_the_allgather_update_bit_for_bit_at_8_replicas():
         assert differing == [], f"sharded and all_gather parameters differ after steps {differing}"
         assert identical, "replicas differ"
         assert moved > 0
+
+
+def _outer_full_budget_equals_allgather(rank, world, cycles):
+    sharded, gathered = make_params(0), make_params(0)
+    kw = dict(sync_interval=2, compression="topk", value_encoding="fp32", topk=TOPK, chunk=64)
+    outers = [DiLoCo([(str(i), p) for i, p in enumerate(sharded)], exchange="sharded", sharded_topk=world * TOPK,
+                     **kw),
+              DiLoCo([(str(i), p) for i, p in enumerate(gathered)], **kw)]
+    inners = [torch.optim.AdamW(sharded, lr=1e-2), torch.optim.AdamW(gathered, lr=1e-2)]
+    differing = []
+    for step in range(2 * cycles):
+        for params, inner, outer in zip((sharded, gathered), inners, outers):
+            outer.before_inner_step()
+            backward_on(params, seed=1000 * rank + step)
+            inner.step()
+            outer.after_inner_step()
+        if not all(torch.equal(a, b) for a, b in zip(sharded, gathered)):
+            differing.append(step)
+    return differing, all_ranks_equal(sharded)
+
+
+def test_demo_diloco_outer_step_full_budget_fp32_is_the_allgather_one_at_4_replicas():
+    for differing, identical in run_ranks(_outer_full_budget_equals_allgather, 4, 3):
+        assert differing == [], f"sharded and all_gather outer steps differ after inner steps {differing}"
+        assert identical, "replicas differ"
 
 
 def _against_reference(rank, world, encoding, k2, steps):
@@ -130,3 +156,17 @@ def test_bad_exchange_settings_fail_before_any_collective():
         DeMo(params, lr=0.01, overlap=True, exchange="sharded")
     with pytest.raises(ValueError, match="sharded_topk must be an int >= 0"):
         TopkCompressor([params], [64], [TOPK], "sign", None, exchange="sharded", sharded_topk=-1)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--flexdemo.exchange", "sharded", "--flexdemo.overlap"], 'overlap = true needs exchange = "allgather"'),
+    (["--flexdemo.sharded_topk", "-1"], "sharded_topk=-1; expected an integer >= 0"),
+])
+def test_bad_exchange_keys_are_one_config_error(flags, message):
+    from torchtitan.config import ConfigManager
+
+    from flexdemo.titan.config import FlexDemoConfigError, validate_job_config
+
+    job = ConfigManager().parse_args(["--job.custom_config_module", "flexdemo.titan.config", *flags])
+    with pytest.raises(FlexDemoConfigError, match=message):
+        validate_job_config(job, None)

@@ -101,6 +101,8 @@ class DiLoCo:
         exchange_timeout: float | None = None,
         nonfinite: str = "skip",
         max_consecutive_skips: int = 10,
+        exchange: str = "allgather",
+        sharded_topk: int = 0,
     ):
         check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
                    topk, chunk, decay, state_device, max_consecutive_skips, nonfinite)
@@ -137,7 +139,8 @@ class DiLoCo:
         if compression == "topk":
             self.compressor = TopkCompressor([params], [chunk], [topk], value_encoding, replicate_group,
                                              fused=fused, kernel_precision=kernel_precision,
-                                             timeout=exchange_timeout, who="DiLoCo", agree=agree)
+                                             timeout=exchange_timeout, who="DiLoCo", agree=agree,
+                                             exchange=exchange, sharded_topk=sharded_topk)
             self._member_entry = {id(e.param): e for e in self.entries}
         else:
             self.compressor = None

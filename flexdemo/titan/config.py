@@ -20,7 +20,7 @@ from typing import Literal, Union, get_args
 from torchtitan.config.job_config import JobConfig as _TitanJobConfig
 from torchtitan.config.job_config import Optimizer as _TitanOptimizer
 
-from flexdemo.compression.compressor import KERNEL_PRECISIONS, KernelPrecision
+from flexdemo.compression.compressor import EXCHANGES, KERNEL_PRECISIONS, Exchange, KernelPrecision
 from flexdemo.optim.diloco_args import DENSE_ENCODINGS, STATE_DEVICES, TOPK_ENCODINGS, StateDevice, TopkEncoding
 from flexdemo.wire.format import VALUE_ENCODINGS, ValueEncoding
 
@@ -120,6 +120,17 @@ class FlexDemo:
     naming the group (a stalled or dead peer); 0 = the process group's own timeout
     ([comm] train_timeout_seconds)."""
 
+    exchange: Exchange = "allgather"
+    """How compressed payloads cross the replicas (demo, demo_diloco). "allgather": each replica
+    receives every other's payload (exact DeMo; bytes per rank grow as W - 1 payloads).
+    "sharded": each replica owns 1/W of the DCT blocks, averages what all sent for them and
+    re-compresses the mean to sharded_topk per block: two collectives per exchange, bytes per
+    rank flat in W (about two payloads). Not with overlap."""
+
+    sharded_topk: int = 0
+    """exchange = "sharded": coefficients of the mean kept per block; 0 = the mode's top-k (topk,
+    or outer_topk). >= replicas x top-k keeps every coefficient any replica sent."""
+
     sync_interval: int = 100
     """DiLoCo modes: inner steps between outer steps (H)."""
 
@@ -212,6 +223,13 @@ def check_section(c: FlexDemo) -> None:
         _fail(f"max_consecutive_skips={c.max_consecutive_skips!r}; expected an integer >= 0 (0 = never stop)")
     if not 0.0 <= float(c.exchange_timeout_seconds) < float("inf"):
         _fail(f"exchange_timeout_seconds={c.exchange_timeout_seconds!r}; expected a finite number >= 0")
+    if c.exchange not in EXCHANGES:
+        _fail(f"exchange={c.exchange!r}; expected one of {EXCHANGES}")
+    if c.sharded_topk < 0:
+        _fail(f"sharded_topk={c.sharded_topk!r}; expected an integer >= 0 (0: the mode's top-k)")
+    if c.exchange == "sharded" and c.overlap and c.mode == "demo":
+        _fail('overlap = true needs exchange = "allgather" (the sharded exchange runs two collectives with '
+              "the owners' work between them; they cannot run behind the next step)")
     _check_outer(c)
 
 
@@ -319,13 +337,15 @@ def validate_job_config(job_config, world_size: int | None) -> None:
 
 # [flexdemo] keys each mode reads (mode itself and the replica check: all of them).
 _DEMO_KEYS = ("topk", "chunk", "decay", "value_encoding", "weight_decay", "overlap", "kernel_precision",
-              "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips")
+              "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips", "exchange",
+              "sharded_topk")
 _OUTER_KEYS = ("sync_interval", "outer_lr", "outer_momentum", "outer_nesterov", "outer_value_encoding",
                "outer_state_device", "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips")
 _KEYS_USED = {
     "demo": _DEMO_KEYS,
     "diloco": _OUTER_KEYS,
-    "demo_diloco": (*_OUTER_KEYS, "outer_topk", "outer_chunk", "outer_decay", "kernel_precision"),
+    "demo_diloco": (*_OUTER_KEYS, "outer_topk", "outer_chunk", "outer_decay", "kernel_precision", "exchange",
+                    "sharded_topk"),
     "off": (),
 }
 _KEYS_USED_BY_EVERY_MODE = ("mode", "replica_check_interval", "replica_check_action", "validation_same_batches")
@@ -351,6 +371,11 @@ class JobConfig(_TitanJobConfig):
     """torchtitan's JobConfig plus the [flexdemo] section."""
 
     flexdemo: FlexDemo = field(default_factory=FlexDemo)
+
+
+def describe_exchange(c: FlexDemo, topk: int) -> str:
+    """The exchange for a log line: "allgather", or "sharded (top-N of the mean)"."""
+    return "allgather" if c.exchange == "allgather" else f"sharded (top-{c.sharded_topk or topk} of the mean)"
 
 
 def flexdemo_section(job_config) -> FlexDemo:

@@ -20,7 +20,7 @@ from torchtitan.tools.logging import logger
 from flexdemo.optim.diloco import DiLoCo
 
 from .checkpoint_format import format_key, format_tag, plan_resume
-from .config import DILOCO_MODES, FlexDemoConfigError, flexdemo_section, ignored_keys
+from .config import DILOCO_MODES, FlexDemoConfigError, describe_exchange, flexdemo_section, ignored_keys
 from .exchange_accounting import modelled_hsdp_allreduce_bytes
 from .optimizer_container import FlexOptimizersContainer
 from .parallelize import JOB_CONFIG_ATTR
@@ -98,10 +98,13 @@ def build_flexdemo_optimizers(
         "kernel_precision": cfg.kernel_precision,
         "exchange_timeout": cfg.exchange_timeout_seconds or None,
         "nonfinite": cfg.nonfinite,
+        "exchange": cfg.exchange,
+        "sharded_topk": cfg.sharded_topk,
     }
     logger.info(
         f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
-        f"values={cfg.value_encoding}, overlap={cfg.overlap}) over dp_replicate={parallel_dims.dp_replicate}"
+        f"values={cfg.value_encoding}, overlap={cfg.overlap}, exchange={describe_exchange(cfg, cfg.topk)}) "
+        f"over dp_replicate={parallel_dims.dp_replicate}"
     )
     return FlexOptimizersContainer(
         model_parts, DeMo, kwargs,
@@ -138,10 +141,13 @@ def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cf
         exchange_timeout=cfg.exchange_timeout_seconds or None,
         nonfinite=cfg.nonfinite,
         max_consecutive_skips=cfg.max_consecutive_skips,
+        exchange=cfg.exchange,
+        sharded_topk=cfg.sharded_topk,
     )
     cls, kwargs = adam_class_and_kwargs(optimizer_config, cfg.mode)
     compression = (
-        f"DCT top-k (topk={cfg.outer_topk}, chunk={cfg.outer_chunk}, decay={cfg.outer_decay})" if topk else "dense"
+        f"DCT top-k (topk={cfg.outer_topk}, chunk={cfg.outer_chunk}, decay={cfg.outer_decay}, "
+        f"exchange={describe_exchange(cfg, cfg.outer_topk)})" if topk else "dense"
     )
     logger.info(
         f"flexdemo: mode={cfg.mode}: {optimizer_config.name} inside each replica, outer step every "
