@@ -1,11 +1,13 @@
-"""Train every method over a REAL slow link between two "nodes" of one machine, then tabulate
+"""Train every method over a REAL slow link between --nodes "nodes" of one machine, then tabulate
 time to loss, bytes and tokens/s.  Root and pyroute2 (pip install pyroute2; no ip/tc binaries).
 
-Each node is a network namespace; a veth pair joins them, shaped with a token bucket (tbf) at
---rate each way, and the collectives' sockets (gloo; NCCL with P2P/SHM/IB off) are bound to it,
-so the replica traffic crosses the link:
-  --device gpu: one GPU per node, 2 replicas x 1 shard (configs gpu_2gpu_*);
-  --device cpu: two gloo ranks per node, 2 replicas x 2 shards, FSDP inside the node (cpu_2x2_*).
+Each node is a network namespace with one veth to a bridge in a hub namespace (a switch), shaped
+with a token bucket (tbf) at --rate each way, and the collectives' sockets (gloo; NCCL with
+P2P/SHM/IB off) are bound to it, so the replica traffic crosses the node's link:
+  --device gpu: one GPU per node, one replica per node, 1 shard (configs gpu_2gpu_*, their
+                replicate degree set to --nodes);
+  --device cpu: 2 nodes: two gloo ranks per node, 2 replicas x 2 shards, FSDP inside the node
+                (cpu_2x2_*); more nodes: one rank per node.
 These kernels have no netem, so latency cannot be emulated: a labelled model adds
 (replica-link collectives per step) x --rtt-ms to each measured wall time.
 
@@ -41,43 +43,64 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from process_tree import kill_tree  # noqa: E402
 from titan_logs import last_exchange, mean_tokens_per_s, parse, seconds_per_step  # noqa: E402
 
-NODES = ("fdnode0", "fdnode1")
-IFACES = ("fdlink0", "fdlink1")
-ADDRS = ("10.77.0.1", "10.77.0.2")
+HUB, BRIDGE = "fdhub", "fdbr"
+
+
+def node_ns(i: int) -> str:
+    return f"fdnode{i}"
+
+
+def node_addr(i: int) -> str:
+    return f"10.77.0.{i + 1}"
+
+
 CONFIGS = {  # method -> (config per device, extra flags)
     "adamw": ({"gpu": "gpu_2gpu_ddp_adamw", "cpu": "cpu_2x2_hsdp_adamw"}, []),
     "flexdemo": ({"gpu": "gpu_2gpu_flexdemo", "cpu": "cpu_2x2_flexdemo"}, []),
+    "flexdemo_sharded": ({"gpu": "gpu_2gpu_flexdemo", "cpu": "cpu_2x2_flexdemo"}, ["--flexdemo.exchange", "sharded"]),
     "flexdemo_overlap": ({"gpu": "gpu_2gpu_flexdemo", "cpu": "cpu_2x2_flexdemo"}, ["--flexdemo.overlap"]),
     "diloco": ({"gpu": "gpu_2gpu_diloco", "cpu": "cpu_2x2_diloco"}, []),
     "demo_diloco": ({"gpu": "gpu_2gpu_demo_diloco", "cpu": "cpu_2x2_demo_diloco"}, []),
 }
 
 
-def setup_link(rate: str) -> None:
+def setup_link(rate: str, nodes: int) -> None:
     from pyroute2 import IPRoute, NetNS, netns
 
     teardown_link()
-    for ns in NODES:
+    for ns in (HUB, *map(node_ns, range(nodes))):
         netns.create(ns)
+    with NetNS(HUB) as hub:
+        hub.link("add", ifname=BRIDGE, kind="bridge")
+        hub.link("set", index=hub.link_lookup(ifname=BRIDGE)[0], state="up")
     with IPRoute() as ipr:
-        ipr.link("add", ifname=IFACES[0], kind="veth", peer={"ifname": IFACES[1], "net_ns_fd": NODES[1]})
-        ipr.link("set", index=ipr.link_lookup(ifname=IFACES[0])[0], net_ns_fd=NODES[0])
-    for ns, ifname, addr in zip(NODES, IFACES, ADDRS):
-        with NetNS(ns) as n:
+        for i in range(nodes):
+            ipr.link("add", ifname=f"fdlink{i}", kind="veth", peer={"ifname": f"fdport{i}", "net_ns_fd": HUB})
+            ipr.link("set", index=ipr.link_lookup(ifname=f"fdlink{i}")[0], net_ns_fd=node_ns(i))
+    # Token bucket: `rate` each way of every node's link (its end and the switch's end); a 1 MiB
+    # burst lets a 10 Gbit/s bucket refill per tick.
+    shape = dict(rate=rate, burst=1024 * 1024, latency="400ms")
+    with NetNS(HUB) as hub:
+        bridge = hub.link_lookup(ifname=BRIDGE)[0]
+        for i in range(nodes):
+            port = hub.link_lookup(ifname=f"fdport{i}")[0]
+            hub.link("set", index=port, master=bridge, state="up")
+            hub.tc("add", "tbf", port, 0x10000, **shape)
+    for i in range(nodes):
+        with NetNS(node_ns(i)) as n:
             n.link("set", index=n.link_lookup(ifname="lo")[0], state="up")
-            i = n.link_lookup(ifname=ifname)[0]
-            n.addr("add", index=i, address=addr, prefixlen=24)
-            n.link("set", index=i, state="up")
-            # Token bucket: `rate` each way; a 1 MiB burst lets a 10 Gbit/s bucket refill per tick.
-            n.tc("add", "tbf", i, 0x10000, rate=rate, burst=1024 * 1024, latency="400ms")
+            link = n.link_lookup(ifname=f"fdlink{i}")[0]
+            n.addr("add", index=link, address=node_addr(i), prefixlen=24)
+            n.link("set", index=link, state="up")
+            n.tc("add", "tbf", link, 0x10000, **shape)
 
 
 def teardown_link() -> None:
     from pyroute2 import netns
 
-    for ns in NODES:
-        if ns in netns.listnetns():
-            netns.remove(ns)  # removes its end of the veth, and with it the pair
+    for ns in netns.listnetns():
+        if ns == HUB or ns.startswith("fdnode"):
+            netns.remove(ns)  # removes its ends of the veths, and with them the pairs
 
 
 def enter(ns: str):
@@ -86,20 +109,32 @@ def enter(ns: str):
     return lambda: netns.setns(ns, flags=0)  # flags=0: never create, only join
 
 
-def node_env(i: int, device: str, port: int, log_dir: Path) -> dict:
-    env = {**os.environ, "NNODES": "2", "NODE_RANK": str(i), "MASTER_ADDR": ADDRS[0], "MASTER_PORT": str(port),
-           "LOCAL_ADDR": ADDRS[i], "IFNAME": IFACES[i], "LOG_RANK": "0", "LOG_DIR": str(log_dir / f"node{i}")}
+def ranks_per_node(device: str, nodes: int) -> int:
+    return 2 if device == "cpu" and nodes == 2 else 1
+
+
+def node_env(i: int, nodes: int, device: str, port: int, log_dir: Path) -> dict:
+    env = {**os.environ, "NNODES": str(nodes), "NODE_RANK": str(i), "MASTER_ADDR": node_addr(0),
+           "MASTER_PORT": str(port), "LOCAL_ADDR": node_addr(i), "IFNAME": f"fdlink{i}", "LOG_RANK": "0",
+           "LOG_DIR": str(log_dir / f"node{i}"), "NPROC": str(ranks_per_node(device, nodes))}
     if device == "gpu":
         # One GPU per node; nothing but sockets on the veth between them.
-        env.update(NPROC="1", CUDA_VISIBLE_DEVICES=str(i), NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1",
-                   NCCL_IB_DISABLE="1")
+        env.update(CUDA_VISIBLE_DEVICES=str(i), NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_IB_DISABLE="1")
     else:
-        env.update(NPROC="2", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+        env.update(OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     return env
 
 
+def layout_flags(device: str, nodes: int) -> list[str]:
+    """One replica per node: the configs' replicate degree set to the node count (2 nodes on CPU
+    keep their 2 x 2 layout)."""
+    if ranks_per_node(device, nodes) == 2:
+        return []
+    return ["--parallelism.data_parallel_replicate_degree", str(nodes), "--parallelism.data_parallel_shard_degree", "1"]
+
+
 def train(name: str, config: Path, flags: list[str], out: Path, on_link: bool, device: str,
-          timeout: float) -> float:
+          timeout: float, nodes: int = 2) -> float:
     """One training run (on the link: one launcher per namespace; off it: one launcher on the
     host, same world layout); node 0's console goes to out/<name>.log. Returns its wall seconds."""
     dump = out / "dumps" / name
@@ -110,13 +145,14 @@ def train(name: str, config: Path, flags: list[str], out: Path, on_link: bool, d
     start = time.time()
     try:
         if on_link:
-            for i in (1, 0):
+            for i in reversed(range(nodes)):
                 log = open(out / f"{name}_node{i}.log" if i else out / f"{name}.log", "w")
-                procs.append(subprocess.Popen(args, cwd=REPO, env=node_env(i, device, port, out / "logs" / name),
-                                              stdout=log, stderr=subprocess.STDOUT, preexec_fn=enter(NODES[i]),
+                procs.append(subprocess.Popen(args, cwd=REPO, env=node_env(i, nodes, device, port, out / "logs" / name),
+                                              stdout=log, stderr=subprocess.STDOUT, preexec_fn=enter(node_ns(i)),
                                               start_new_session=True))
         else:
-            env = {**os.environ, "NPROC": "2" if device == "gpu" else "4", "MASTER_PORT": str(port), "LOG_RANK": "0"}
+            env = {**os.environ, "NPROC": str(nodes * ranks_per_node(device, nodes)), "MASTER_PORT": str(port),
+                   "LOG_RANK": "0"}
             procs.append(subprocess.Popen(args, cwd=REPO, env=env, stdout=open(out / f"{name}.log", "w"),
                                           stderr=subprocess.STDOUT, start_new_session=True))
         deadline = start + timeout
@@ -144,10 +180,10 @@ def check_interval(config: Path, sync_interval: int) -> int:
 def collectives_per_step(method: str, sync_interval: int, log_freq: int, adamw_buckets: int) -> float:
     """Replica-link collectives on the critical path per step (the latency model's count):
     AdamW: its gradient buckets + the stock trainer's token-count all-reduce; flexdemo per-step:
-    one all_gather (overlap: still one, counted as not hidden); diloco: all_to_all + all_gather
+    one all_gather (overlap: still one, counted as not hidden; sharded: two all_to_alls); diloco: all_to_all + all_gather
     per sync, demo_diloco: one all_gather per sync; everyone: the logged loss's two all-reduces
     every log_freq steps."""
-    per = {"adamw": adamw_buckets + 1, "flexdemo": 1, "flexdemo_overlap": 1,
+    per = {"adamw": adamw_buckets + 1, "flexdemo": 1, "flexdemo_overlap": 1, "flexdemo_sharded": 2,
            "diloco": 2 / sync_interval, "demo_diloco": 1 / sync_interval}[method]
     return per + 2 / log_freq
 
@@ -290,6 +326,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     ap.add_argument("--rate", default="1gbit", help="tbf rate each way, e.g. 1gbit, 10gbit, 50mbit")
+    ap.add_argument("--nodes", type=int, default=2, help="network namespaces, one replica each (GPU: one GPU each)")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--methods", default="adamw,flexdemo,flexdemo_overlap,diloco,demo_diloco",
                     help="comma-separated; METHOD:STEPS gives one method its own run length (its own cosine "
@@ -343,7 +380,10 @@ def main() -> int:
     (out / "command.txt").write_text(" ".join(sys.argv) + "\n")
     # A timeout's SIGTERM must still remove the namespaces (the `finally` below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    setup_link(args.rate)
+    if args.nodes < 2:
+        ap.error("--nodes must be >= 2")
+    common += layout_flags(args.device, args.nodes)
+    setup_link(args.rate, args.nodes)
     try:
         for m, method_steps in methods:
             names, flags = CONFIGS[m]
@@ -357,10 +397,11 @@ def main() -> int:
                 if m in references:
                     shutil.copyfile(references[m], out / f"{m}_reference.log")
                 else:
-                    train(f"{m}_reference", config, [*run_flags, *steps], out, False, args.device, args.timeout)
+                    train(f"{m}_reference", config, [*run_flags, *steps], out, False, args.device, args.timeout,
+                          args.nodes)
                 # Every step logged: a few steps still give the step time, DiLoCo's in whole cycles.
                 steps = ["--training.steps", str(link_steps[m]), "--metrics.log_freq", "1"]
-            train(m, config, [*run_flags, *steps], out, True, args.device, args.timeout)
+            train(m, config, [*run_flags, *steps], out, True, args.device, args.timeout, args.nodes)
     finally:
         teardown_link()
     summary = table(out, args)

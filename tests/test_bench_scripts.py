@@ -279,3 +279,14 @@ def test_plot_draws_from_the_csv(results, tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot.py"), "--csv", str(tmp_path / "runs.csv"),
                           "--runs", "nope", "--out", str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and "no run ['nope']" in bad.stderr
+
+
+def test_shaped_link_puts_one_replica_on_each_of_n_nodes():
+    # 2 CPU nodes keep the 2 x 2 layout (FSDP inside a node); otherwise one rank and one replica per node.
+    assert shaped_link.layout_flags("cpu", 2) == []
+    assert shaped_link.layout_flags("gpu", 4) == ["--parallelism.data_parallel_replicate_degree", "4",
+                                                  "--parallelism.data_parallel_shard_degree", "1"]
+    env = shaped_link.node_env(3, 4, "gpu", 29500, REPO)
+    assert (env["NNODES"], env["NODE_RANK"], env["NPROC"], env["CUDA_VISIBLE_DEVICES"]) == ("4", "3", "1", "3")
+    assert env["MASTER_ADDR"] == shaped_link.node_addr(0) != env["LOCAL_ADDR"] == shaped_link.node_addr(3)
+    assert shaped_link.collectives_per_step("flexdemo_sharded", 32, 10, 4) == 2 + 2 / 10
