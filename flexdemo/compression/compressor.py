@@ -225,7 +225,7 @@ class TopkCompressor:
     def exchange(self, payloads: list[torch.Tensor], flag: torch.Tensor | None = None) -> torch.Tensor:
         """ONE all_gather of every bucket's payload and this rank's flag (a 0/1 byte, zero
         if None): ``[replicas, nbytes]`` bytes on every rank. The sharded exchange instead: an
-        all_to_all to the owners and an all_gather of their means (:mod:`.sharded`)."""
+        all_to_all to the owners and one back from them with their means (:mod:`.sharded`)."""
         if self.sharded is not None:
             if flag is None:
                 flag = torch.zeros(FLAG_BYTES, dtype=torch.uint8, device=self.device)
