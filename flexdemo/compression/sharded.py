@@ -55,6 +55,12 @@ class ShardedExchange:
         self.part_bytes = [sum(sb[o] for sb in self.sent_bytes) for o in range(world)]
         self.row_bytes = [sum(mb[o] for mb in self.mean_bytes) + FLAG_BYTES for o in range(world)]
         self.row_starts = [sum(self.row_bytes[:o]) for o in range(world + 1)]
+        # Where bucket i starts within owner o's part (stage 1) and within the rows (stage 2).
+        self.sent_at = [[sum(self.sent_bytes[j][o] for j in range(i)) for o in range(world)]
+                        for i in range(len(buckets))]
+        self.mean_at = [[self.row_starts[o] + sum(self.mean_bytes[j][o] for j in range(i)) for o in range(world)]
+                        for i in range(len(buckets))]
+        self._flag_index: dict[torch.device, torch.Tensor] = {}  # the rows' last bytes, per device
 
     @property
     def payload_nbytes(self) -> int:
@@ -100,17 +106,15 @@ class ShardedExchange:
         received = recv.view(W, self.part_bytes[me])
         # Owner: the mean of every coefficient of my blocks, re-compressed; my flag last.
         row = torch.empty(self.row_bytes[me], dtype=torch.uint8, device=device)
-        at = sent_at = 0
         for i, b in enumerate(self.buckets):
             n = self.starts[i][me + 1] - self.starts[i][me]
             if n:
+                sent_at, mean_at = self.sent_at[i][me], self.mean_at[i][me] - self.row_starts[me]
                 seg = received[:, sent_at:sent_at + self.sent_bytes[i][me]]
                 idx, vals = b.path.unpack(seg, n, b.k, b.block_numel, b.dtype)
                 means = self.owner_means(idx, vals, b.block_numel, self.k2[i])
-                row[at:at + self.mean_bytes[i][me]] = pack_payload(*means, b.block_numel, self.encoding)
-            at += self.mean_bytes[i][me]
-            sent_at += self.sent_bytes[i][me]
-        row[at:] = flag.reshape(FLAG_BYTES)
+                row[mean_at:mean_at + self.mean_bytes[i][me]] = pack_payload(*means, b.block_numel, self.encoding)
+        row[-FLAG_BYTES:] = flag.reshape(FLAG_BYTES)
         # Stage 2: my row to every replica, every owner's row to me (rows differ in length by
         # a block or so per bucket: an all_to_all sends each exactly, an all_gather would pad).
         rows = torch.empty(self.row_starts[W], dtype=torch.uint8, device=device)
@@ -135,8 +139,9 @@ class ShardedExchange:
 
     def flag_bytes(self, rows: torch.Tensor) -> torch.Tensor:
         """Every replica's flag byte, in rank order: the last byte of its row."""
-        ends = torch.tensor(self.row_starts[1:], device=rows.device) - FLAG_BYTES
-        return rows[ends]
+        if rows.device not in self._flag_index:  # built once: no host-to-device copy per step
+            self._flag_index[rows.device] = torch.tensor(self.row_starts[1:], device=rows.device) - FLAG_BYTES
+        return rows[self._flag_index[rows.device]]
 
     def unpack(self, i: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Bucket ``i``'s means from every owner's row: ``(idx, vals)`` ``[1, B, k2]``, one voter."""
@@ -146,7 +151,7 @@ class ShardedExchange:
             n = s[o + 1] - s[o]
             if not n:
                 continue
-            at = self.row_starts[o] + sum(self.mean_bytes[j][o] for j in range(i))
+            at = self.mean_at[i][o]
             seg = rows[at:at + self.mean_bytes[i][o]].unsqueeze(0)
             idx, vals = b.path.unpack(seg, n, self.k2[i], b.block_numel, b.dtype)
             idx_parts.append(idx)
