@@ -62,15 +62,8 @@ def build_flexdemo_optimizers(
             model_parts, parallel_dims, TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce]
         )
         logger.info(f"flexdemo: mode=off, {optimizer_config.name} + stock HSDP")
-        return FlexOptimizersContainer(
-            model_parts, cls, kwargs,
-            replicate_group=group,
-            replica_check_interval=cfg.replica_check_interval,
-            replica_check_action=cfg.replica_check_action,
-            modelled_bytes_per_step=modelled,
-            per_replica_state=False,  # HSDP keeps AdamW state identical across replicas
-            **checkpoint,
-        )
+        return _container(model_parts, cls, kwargs, cfg, group, checkpoint, modelled_bytes_per_step=modelled,
+                          per_replica_state=False)  # HSDP keeps AdamW state identical across replicas
 
     # Every other mode keeps replicas apart: parallelize.py made them start identical and
     # scaled their gradients to replica means (keep_replicas_apart).
@@ -106,17 +99,8 @@ def build_flexdemo_optimizers(
         f"values={cfg.value_encoding}, overlap={cfg.overlap}, exchange={describe_exchange(cfg, cfg.topk)}) "
         f"over dp_replicate={parallel_dims.dp_replicate}"
     )
-    return FlexOptimizersContainer(
-        model_parts, DeMo, kwargs,
-        replicate_group=group,
-        replica_check_interval=cfg.replica_check_interval,
-        replica_check_action=cfg.replica_check_action,
-        modelled_bytes_per_step=None,
-        per_replica_state=True,
-        last_step=job_config.training.steps,
-        max_consecutive_skips=cfg.max_consecutive_skips,
-        **checkpoint,
-    )
+    return _container(model_parts, DeMo, kwargs, cfg, group, checkpoint, per_replica_state=True,
+                      last_step=job_config.training.steps, max_consecutive_skips=cfg.max_consecutive_skips)
 
 
 def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cfg, group,
@@ -156,13 +140,22 @@ def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cf
         f"nesterov={cfg.outer_nesterov}, state on {cfg.outer_state_device} "
         f"({outer.state_bytes_per_param()} bytes/param)"
     )
+    return _container(model_parts, cls, kwargs, cfg, group, checkpoint,
+                      per_replica_state=True, outer=outer)  # each replica's AdamW state is its own
+
+
+def _container(model_parts, cls: type, kwargs: dict, cfg, group, checkpoint: dict, *,
+               per_replica_state: bool, modelled_bytes_per_step: int | None = None,
+               **extra) -> FlexOptimizersContainer:
+    """The optimizers container every mode returns: the replica group and check, its checkpoint
+    keys, and the mode's own ``extra`` arguments."""
     return FlexOptimizersContainer(
         model_parts, cls, kwargs,
         replicate_group=group,
         replica_check_interval=cfg.replica_check_interval,
         replica_check_action=cfg.replica_check_action,
-        modelled_bytes_per_step=None,
-        per_replica_state=True,  # each replica's AdamW state is its own
-        outer=outer,
+        modelled_bytes_per_step=modelled_bytes_per_step,
+        per_replica_state=per_replica_state,
         **checkpoint,
+        **extra,
     )
