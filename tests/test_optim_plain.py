@@ -5,8 +5,8 @@ import torch
 
 from flexdemo import DeMo
 from multiproc import run_ranks
-from reference_demo import ReferenceDeMo, differs_only_where_update_is_zero
-from toy_problem import INPUT_NUMEL, SHAPES, all_ranks_equal, loss, make_params
+from reference_demo import ReferenceDeMo, agrees_then_realign
+from toy_problem import INPUT_NUMEL, SHAPES, all_ranks_equal, make_params, step_both
 
 
 def _against_reference(rank, world, encoding, steps, weight_decay):
@@ -18,13 +18,7 @@ def _against_reference(rank, world, encoding, steps, weight_decay):
     gen = torch.Generator().manual_seed(1000 + rank)  # every replica sees different data
     mismatched_steps, diverged_steps, momentum_errors = [], [], []
     for step in range(steps):
-        x = torch.randn(INPUT_NUMEL, generator=gen)
-        for params in (ours, ref):
-            for p in params:
-                p.grad = None
-            loss(params, x).backward()
-        opt.step()
-        reference.step()
+        step_both(opt, reference, ours, ref, torch.randn(INPUT_NUMEL, generator=gen))
         # The momentum after error feedback, against the reference's own (never copied over):
         # what was sent left it, and nothing else did.
         momentum_errors.append(max(
@@ -32,12 +26,9 @@ def _against_reference(rank, world, encoding, steps, weight_decay):
         # Every encoding's update is lr * sign(decoded): where the decoded mean is 0 in exact
         # arithmetic (opposite votes, symmetric cosines), each implementation takes the sign of
         # its own rounding, which differs between CPUs (a machine with other SIMD kernels showed
-        # it at step 5 for fp32). Only there may the parameters differ.
-        if not differs_only_where_update_is_zero(ours, ref, reference.last_decoded):
+        # it at step 5 for fp32). Only there may the parameters differ; then they are re-aligned.
+        if not agrees_then_realign(ours, ref, reference.last_decoded):
             mismatched_steps.append(step)
-        with torch.no_grad():  # re-align the parameters where a ~0 update took the other sign
-            for a, b in zip(ours, ref):
-                b.copy_(a)
         if not all_ranks_equal(ours):
             diverged_steps.append(step)
     moved = sum(float((a.detach() - b.detach()).abs().sum()) for a, b in zip(ours, make_params(0)))

@@ -11,9 +11,9 @@ from flexdemo import DeMo
 from flexdemo.compression import TopkCompressor
 from flexdemo.optim.diloco import DiLoCo
 from multiproc import run_ranks
-from reference_demo import ReferenceDeMo, differs_only_where_update_is_zero
+from reference_demo import ReferenceDeMo, agrees_then_realign
 from titan_launch import REPO
-from toy_problem import INPUT_NUMEL, all_ranks_equal, backward_on, loss, make_params
+from toy_problem import INPUT_NUMEL, all_ranks_equal, backward_on, make_params, step_both
 
 TOPK = 8
 
@@ -77,18 +77,9 @@ def _against_reference(rank, world, encoding, k2, steps):
     gen = torch.Generator().manual_seed(1000 + rank)
     mismatched, diverged = [], []
     for step in range(steps):
-        x = torch.randn(INPUT_NUMEL, generator=gen)
-        for params in (ours, ref):
-            for p in params:
-                p.grad = None
-            loss(params, x).backward()
-        opt.step()
-        reference.step()
-        if not differs_only_where_update_is_zero(ours, ref, reference.last_decoded):
+        step_both(opt, reference, ours, ref, torch.randn(INPUT_NUMEL, generator=gen))
+        if not agrees_then_realign(ours, ref, reference.last_decoded):  # see test_optim_plain
             mismatched.append(step)
-        with torch.no_grad():  # re-align where a ~0 update took the other sign (see test_optim_plain)
-            for a, b in zip(ours, ref):
-                b.copy_(a)
         if not all_ranks_equal(ours):
             diverged.append(step)
     return mismatched, diverged

@@ -30,6 +30,16 @@ def backward_on(params, seed):
     loss(params, x).backward()
 
 
+def step_both(opt, reference, ours, ref, x):
+    """One step of ``opt`` on ``ours`` and of ``reference`` on ``ref``, both on ``loss(., x)``."""
+    for params in (ours, ref):
+        for p in params:
+            p.grad = None
+        loss(params, x).backward()
+    opt.step()
+    reference.step()
+
+
 def all_ranks_equal(tensors):
     """True iff every rank holds exactly the same tensors."""
     flat = torch.cat([t.detach().reshape(-1) for t in tensors])
