@@ -98,6 +98,8 @@ class ReferenceDeMo:
             if self.sharded_topk is not None:
                 dense = recompress_mean(torch.cat(all_idx, -1), torch.cat(all_val, -1), dense, self.sharded_topk,
                                         self.encoding)
+                # What the owners did not apply goes back to the momentum it was taken from.
+                delta.add_(self._decode(torch.where(dense != 0, 0.0, own), p.shape, ns, inv))
             decoded = self._decode(dense, p.shape, ns, inv)
             self.last_decoded.append(decoded)
             if apply:
@@ -122,7 +124,8 @@ def mean_of_votes(idx, val, n):
 def recompress_mean(idx, val, dense, k2, encoding):
     """The sharded exchange's owners, per block row: keep the ``k2`` coefficients of ``dense``
     (the voters' mean) with the largest |sum of the values voting for them| (ties: the lower
-    index), their means encoded as ``encoding`` sends values; the rest zero."""
+    index), their means sent exactly (fp32) or rounded to bf16 (every other encoding); the rest
+    zero."""
     idx, val = idx.reshape(-1, idx.shape[-1]), val.reshape(-1, val.shape[-1])
     flat = dense.reshape(-1, dense.shape[-1])
     out = torch.zeros_like(flat)
@@ -132,13 +135,7 @@ def recompress_mean(idx, val, dense, k2, encoding):
             sums[i] += v
         kept = sorted(range(flat.shape[1]), key=lambda i: (-abs(sums[i]), i))[: min(k2, flat.shape[1])]
         means = flat[row, kept]
-        if encoding == "sign":
-            means = torch.sign(means)
-        elif encoding == "scaled_sign":
-            voters = means != 0
-            scale = means.abs().sum() / max(int(voters.sum()), 1)
-            means = torch.sign(means) * scale
-        elif encoding == "bf16":
+        if encoding != "fp32":
             means = means.to(torch.bfloat16).to(flat.dtype)
         out[row, kept] = means
     return out.reshape(dense.shape)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from reference_demo import ReferenceDeMo
+from reference_demo import ReferenceDeMo, recompress_mean
 
 
 class ReferenceDiLoCo:
     def __init__(self, params, *, lr, momentum, nesterov, compression, encoding, topk=32, chunk=64, decay=0.9,
-                 group=None):
+                 group=None, sharded_topk=None):
+        # sharded_topk: the sharded exchange's re-compression of the mean (None: all_gather).
+        self.sharded_topk = sharded_topk
         self.params = list(params)
         self.globals = [torch.nn.Parameter(p.detach().clone()) for p in self.params]
         self.outer = torch.optim.SGD(self.globals, lr=lr, momentum=momentum, nesterov=nesterov, foreach=False)
@@ -53,9 +55,13 @@ class ReferenceDiLoCo:
         elif self.encoding == "scaled_sign":
             magnitude = val.abs().sum(-1, keepdim=True) / k
             val = torch.where(val < 0, -magnitude, magnitude)
-        ef.sub_(self.dct._decode(torch.zeros_like(coeffs).scatter(-1, idx, val), p.shape, ns, inv))
-        dense = torch.zeros_like(coeffs).scatter_reduce(
-            -1, torch.cat(self._gather(idx), -1), torch.cat(self._gather(val), -1), reduce="mean", include_self=False)
+        own = torch.zeros_like(coeffs).scatter(-1, idx, val)
+        ef.sub_(self.dct._decode(own, p.shape, ns, inv))
+        all_idx, all_val = torch.cat(self._gather(idx), -1), torch.cat(self._gather(val), -1)
+        dense = torch.zeros_like(coeffs).scatter_reduce(-1, all_idx, all_val, reduce="mean", include_self=False)
+        if self.sharded_topk is not None:
+            dense = recompress_mean(all_idx, all_val, dense, self.sharded_topk, self.encoding)
+            ef.add_(self.dct._decode(torch.where(dense != 0, 0.0, own), p.shape, ns, inv))  # what was not applied
         return self.dct._decode(dense, p.shape, ns, inv)
 
     @torch.no_grad()

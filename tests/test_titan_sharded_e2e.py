@@ -26,6 +26,8 @@ def test_sharded_exchange_trains_with_identical_replicas_and_fewer_bytes(tmp_pat
     payload = expected_payload_bytes(shard=0, shards=1)
     for rank in range(REPLICAS):
         for step, (sent, received, _, _) in run.exchange(rank).items():
-            # all_gather: (W - 1) payloads in; sharded: (W-1)/W of a payload and of the means
-            assert received < 0.6 * (REPLICAS - 1) * payload, (rank, step, received, payload)
-            assert received > 0.3 * (REPLICAS - 1) * payload, (rank, step, received, payload)
+            # all_gather: (W - 1) payloads in; sharded: (W-1)/W of a payload and of the means. The
+            # means are bf16 (22 bits a coefficient with this model's 64-element chunks, against 7
+            # for a sign): 0.79 of the all_gather's at W = 4 (0.74-0.8 by how blocks split).
+            assert received < 0.85 * (REPLICAS - 1) * payload, (rank, step, received, payload)
+            assert received > 0.6 * (REPLICAS - 1) * payload, (rank, step, received, payload)

@@ -11,14 +11,15 @@ index 0 with value 0.0, a kept zero that casts no vote.
   (1.5 + 2.0) / 2 = 1.75 = 0x3FE00000 -> 00 00 E0 3F; 0.75 = 0x3F400000 -> 00 00 40 3F.
 - fp32 values, little endian: -1.5 = 0xBFC00000, 2.0 = 0x40000000, 0.75 = 0x3F400000, 0.0.
 - bf16 values: the top halves: C0 BF, 00 40, 40 3F, 00 00.
-These are format version 2: a change to any of these bytes must bump WIRE_FORMAT_VERSION.
+These are format version 3 (version 3 changed no byte here: the sharded exchange's owners now
+send the means of 1-bit values as bf16); a change to any of these bytes must bump WIRE_FORMAT_VERSION.
 """
 
 import pytest
 import torch
 
 from flexdemo.compression.codec import pack_payload, scaled_signs, unpack_payload
-from flexdemo.wire.format import WIRE_FORMAT_VERSION
+from flexdemo.wire.format import WIRE_FORMAT_VERSION, means_encoding
 
 IDX = torch.tensor([[3, 10], [5, 0]])
 VALS = torch.tensor([[-1.5, 2.0], [0.75, 0.0]])
@@ -43,8 +44,10 @@ def sent(encoding):
     return scaled_signs(VALS) if encoding == "scaled_sign" else VALS
 
 
-def test_these_vectors_are_format_version_2():
-    assert WIRE_FORMAT_VERSION == 2
+def test_these_vectors_are_format_version_3():
+    assert WIRE_FORMAT_VERSION == 3
+    # the owners' means (sharded exchange) are the bf16 vectors below for 1-bit values
+    assert [means_encoding(e) for e in GOLDEN] == ["bf16", "bf16", "fp32", "bf16"]
 
 
 @pytest.mark.parametrize("encoding", list(GOLDEN))

@@ -10,7 +10,9 @@ dense outer gradient). Per exchange:
    bucket (:mod:`flexdemo.compression.plan`, :mod:`flexdemo.compression.codec`);
 2. :meth:`exchange`: ONE all_gather of every bucket's bytes over the replica group;
 3. :meth:`unpack` + :meth:`decode_sign_update` / :meth:`decode_into`: the mean over the
-   replicas that selected each coefficient, inverse DCT.
+   replicas that selected each coefficient, inverse DCT. (The sharded exchange: two
+   collectives, and :meth:`dropped` + :meth:`restore` put back into error feedback what the
+   owners did not apply.)
 
 Each replica's payload ends with one flag byte (:meth:`flags`): a replica that saw a
 non-finite value says so there, so every replica learns it from the exchange itself and all
@@ -279,6 +281,15 @@ class TopkCompressor:
             taken = torch.zeros(m.layout.num_blocks, m.layout.block_numel, dtype=acc.dtype, device=acc.device)
             taken.scatter_(1, idx[rows].long(), sent_values(vals[rows].to(acc.dtype), self.encoding))
             acc.add_(blocks_idct(taken, m.layout))
+
+    def dropped(self, bucket: Bucket, decoded_idx: torch.Tensor, idx: torch.Tensor,
+                vals: torch.Tensor) -> torch.Tensor | None:
+        """The sharded exchange: the values this replica sent of ``bucket`` (``idx``/``vals``, as
+        selected) that the owners did not apply (``decoded_idx``: :meth:`unpack`'s), zero elsewhere,
+        for :meth:`restore`. None with all_gather, which applies everything sent."""
+        if self.sharded is None:
+            return None
+        return self.sharded.dropped(self._index[id(bucket)], decoded_idx, idx, vals)
 
     # -- decode -----------------------------------------------------------------------------
 

@@ -10,17 +10,20 @@ ranges (owner ``o`` holds blocks ``[o*B//W, (o+1)*B//W)``), and one exchange is 
    replicas that voted for it: the mean the all_gather decode forms. Per block it keeps the
    ``sharded_topk`` coefficients with the largest summed vote (|sum of the replicas' values|:
    the coefficients most replicas pushed the same way; ties to the lower index) and packs their
-   *means* in the configured value encoding, followed by its own flag byte;
+   *means* (:func:`flexdemo.wire.format.means_encoding`: fp32 or bf16 as configured, bf16 for
+   the 1-bit encodings), followed by its own flag byte;
 3. **all_to_all** again: every owner sends its packed means to every replica (an all_gather of
    rows of slightly different lengths, unpadded), so all hold the same bits, and each replica
    decodes every block from one voter (its owner).
 
 Each rank receives about (W-1)/W x (its payload + the means' payload) per step: flat in W.
-What the re-compression drops: coefficients beyond ``sharded_topk`` per block (none when
-``sharded_topk >= W x topk``), and what the value encoding cannot carry of a mean (``fp32``:
-nothing, so at that budget the update equals the all_gather exchange's bit for bit; ``sign``:
-the mean's size, e.g. a coefficient 2 of 3 voters pushed up decodes as +1, not +1/3; ``bf16``:
-its rounding). Neither is fed back into an error-feedback buffer.
+
+What the re-compression drops is not lost: a coefficient a replica sent that its owner did not
+apply (beyond ``sharded_topk`` per block, or a mean of exactly zero) goes back into that
+replica's error feedback (:meth:`ShardedExchange.dropped`), as if never sent, and competes again
+next exchange. What the means' encoding rounds (bf16) is not fed back. With fp32 values and
+``sharded_topk >= W x topk`` nothing is dropped or rounded: the update and every replica's
+error feedback equal the all_gather exchange's bit for bit.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from flexdemo.compression.codec import pack_payload, scaled_signs, vote_totals
+from flexdemo.compression.codec import pack_payload, unpack_payload, vote_totals
 from flexdemo.compression.exchange import Traffic, wait_for
 from flexdemo.compression.plan import Bucket
-from flexdemo.wire.format import FLAG_BYTES, clamp_topk, coefficients_nbytes
+from flexdemo.wire.format import FLAG_BYTES, clamp_topk, coefficients_nbytes, means_encoding
 
 
 class ShardedExchange:
@@ -40,13 +43,15 @@ class ShardedExchange:
 
     def __init__(self, buckets: list[Bucket], encoding: str, sharded_topk: int, world: int, rank: int):
         self.buckets, self.encoding, self.world, self.rank = buckets, encoding, world, rank
+        self.means_encoding = means_encoding(encoding)
         # Per bucket: the means kept per block, the owners' first blocks, and per owner the bytes
         # of the coefficients sent to it (stage 1) and of its packed means (stage 2).
         self.k2 = [clamp_topk(sharded_topk or b.k, b.block_numel) for b in buckets]
         self.starts = [[o * b.num_blocks // world for o in range(world + 1)] for b in buckets]
         self.sent_bytes = [[coefficients_nbytes(s[o + 1] - s[o], b.k, b.block_numel, encoding) for o in range(world)]
                            for b, s in zip(buckets, self.starts)]
-        self.mean_bytes = [[coefficients_nbytes(s[o + 1] - s[o], k2, b.block_numel, encoding) for o in range(world)]
+        self.mean_bytes = [[coefficients_nbytes(s[o + 1] - s[o], k2, b.block_numel, self.means_encoding)
+                            for o in range(world)]
                            for b, s, k2 in zip(buckets, self.starts, self.k2)]
         # Stage 1, owner-major: owner o's part is every bucket's coefficients of o's blocks.
         # Stage 2: owner o's row is every bucket's means of o's blocks, then o's own flag byte
@@ -113,7 +118,8 @@ class ShardedExchange:
                 seg = received[:, sent_at:sent_at + self.sent_bytes[i][me]]
                 idx, vals = b.path.unpack(seg, n, b.k, b.block_numel, b.dtype)
                 means = self.owner_means(idx, vals, b.block_numel, self.k2[i])
-                row[mean_at:mean_at + self.mean_bytes[i][me]] = pack_payload(*means, b.block_numel, self.encoding)
+                row[mean_at:mean_at + self.mean_bytes[i][me]] = pack_payload(*means, b.block_numel,
+                                                                             self.means_encoding)
         row[-FLAG_BYTES:] = flag.reshape(FLAG_BYTES)
         # Stage 2: my row to every replica, every owner's row to me (rows differ in length by
         # a block or so per bucket: an all_to_all sends each exactly, an all_gather would pad).
@@ -127,15 +133,12 @@ class ShardedExchange:
                     k2: int) -> tuple[torch.Tensor, torch.Tensor]:
         """W replicas' ``[W, n, k]`` coefficients of n blocks -> per block the ``k2`` coefficients
         with the largest |sum of votes| (ties: the lower index), as ``(idx, mean over their
-        voters)`` ``[n, k2]``, the values in the form the encoding packs (scaled_sign: +-scale)."""
+        voters)`` ``[n, k2]``."""
         total, count = vote_totals(idx, vals, block_numel)
         # Ties (1-bit votes sum to integers) go to the lower index: a stable sort, not topk, whose
         # order among equals is unspecified (the owner alone decides, but runs must repeat).
         keep = torch.sort(total.abs(), dim=-1, descending=True, stable=True).indices[:, :k2]
-        means = torch.gather(total, -1, keep) / torch.gather(count, -1, keep).clamp_min(1)
-        if self.encoding == "scaled_sign":
-            means = scaled_signs(means)
-        return keep, means
+        return keep, torch.gather(total, -1, keep) / torch.gather(count, -1, keep).clamp_min(1)
 
     def flag_bytes(self, rows: torch.Tensor) -> torch.Tensor:
         """Every replica's flag byte, in rank order: the last byte of its row."""
@@ -144,7 +147,8 @@ class ShardedExchange:
         return rows[self._flag_index[rows.device]]
 
     def unpack(self, i: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Bucket ``i``'s means from every owner's row: ``(idx, vals)`` ``[1, B, k2]``, one voter."""
+        """Bucket ``i``'s means from every owner's row: ``(idx, vals)`` ``[1, B, k2]``, one voter
+        (index -1, value 0 where a slot carries no non-zero mean)."""
         b, s = self.buckets[i], self.starts[i]
         idx_parts, val_parts = [], []
         for o in range(self.world):
@@ -153,7 +157,18 @@ class ShardedExchange:
                 continue
             at = self.mean_at[i][o]
             seg = rows[at:at + self.mean_bytes[i][o]].unsqueeze(0)
-            idx, vals = b.path.unpack(seg, n, self.k2[i], b.block_numel, b.dtype)
+            idx, vals = unpack_payload(seg, n, self.k2[i], b.block_numel, self.means_encoding, b.dtype)
             idx_parts.append(idx)
             val_parts.append(vals)
         return torch.cat(idx_parts, dim=1), torch.cat(val_parts, dim=1)
+
+    def dropped(self, i: int, means_idx: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        """What this replica sent of bucket ``i`` (``idx``/``vals`` ``[B, k]``, as selected) that no
+        owner applied: ``vals`` with every coefficient the owners' means carry (``means_idx``, from
+        :meth:`unpack`) set to zero. Put back into the error feedback, it is as if never sent."""
+        b = self.buckets[i]
+        applied = means_idx.reshape(b.num_blocks, -1)
+        # Count, not scatter a bool: the -1 slots clamp to column 0, where a 0 written after a 1 would win.
+        dense = torch.zeros(b.num_blocks, b.block_numel, dtype=torch.int32, device=idx.device)
+        dense.scatter_add_(1, applied.long().clamp_min(0), (applied >= 0).to(torch.int32))
+        return torch.where(dense.gather(1, idx.long()) > 0, 0.0, vals).to(vals.dtype)

@@ -243,12 +243,12 @@ class DeMo(torch.optim.Optimizer):
         if self.nonfinite == "skip":
             self._settle()
             keep = (comp.flag_bytes(gathered) == 0).all().to(torch.float32)
-            self._apply(gathered, lrs, scales, keep)
+            self._apply(gathered, lrs, scales, keep, sent)
             self._unsettled = (flags if flags is not None else HostFlags(comp.flag_bytes(gathered)), sent)
             return
         bad = [r for r, flag in enumerate(comp.flags(gathered)) if flag]  # "stop"
         if not bad:
-            self._apply(gathered, lrs, scales)
+            self._apply(gathered, lrs, scales, sent=sent)
             return
         each, with_grad = self._bad_here
         bad_here = [self.param_names.get(id(p), f"parameter {i}")  # a host copy, on this path only
@@ -301,15 +301,23 @@ class DeMo(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
 
     def _apply(self, gathered: torch.Tensor, lrs: list[float], scales: list[float] | None,
-               keep: torch.Tensor | None = None) -> None:
+               keep: torch.Tensor | None = None, sent=None) -> None:
         """``p = p * scale - keep * lr * sign(IDCT(mean over selecting replicas))`` from every
-        replica's bytes (``scales`` None: 1; ``keep`` None: 1)."""
+        replica's bytes (``scales`` None: 1; ``keep`` None: 1). The sharded exchange: what this
+        replica ``sent`` that the owners dropped goes back into its momentum (times ``keep``: a
+        skipped step gets all of it back from :meth:`_settle` instead)."""
         comp = self.compressor
-        for b in comp.buckets:
+        if comp.sharded is not None and sent is None:
+            raise RuntimeError("DeMo: the sharded exchange's update needs what this replica sent")
+        for i, b in enumerate(comp.buckets):
             idx, vals = comp.unpack(b, gathered)
             scale = scales[b.group_index] if scales is not None else 1.0
             comp.decode_sign_update(b, idx, vals, [_local(m.param) for m in b.members], lrs[b.group_index], scale,
                                     keep)
+            if comp.sharded is not None:
+                dropped = comp.dropped(b, idx, *sent[i])
+                comp.restore(b, sent[i][0], dropped if keep is None else dropped * keep,
+                             [_local(self.state[m.param]["delta"]) for m in b.members])
 
     @torch.no_grad()
     def finish_pending(self) -> None:

@@ -285,12 +285,17 @@ class DiLoCo:
                     comp.restore(b, idx, vals, [acc], members=[i])
                     self._to_state(e.error_feedback, acc)
             return comp.last_traffic, True
-        for b in comp.buckets:
+        for b, (sent_idx, sent_vals) in zip(comp.buckets, sent):
             idx, vals = comp.unpack(b, gathered)
+            dropped = comp.dropped(b, idx, sent_idx, sent_vals)  # sharded: back into error feedback
             for i, m in enumerate(b.members):
                 e = self._member_entry[id(m.param)]
                 local = local_tensor(e.param)
                 self._outer_update(e, comp.decode_into(b, idx, vals, i, torch.empty_like(local)))
+                if dropped is not None:
+                    acc = self._on_device(e.error_feedback, local)
+                    comp.restore(b, sent_idx, dropped, [acc], members=[i])
+                    self._to_state(e.error_feedback, acc)
         return comp.last_traffic, False
 
     def _outer_update(self, e: Entry, grad: torch.Tensor) -> None:
