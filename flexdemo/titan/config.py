@@ -124,8 +124,9 @@ class FlexDemo:
     """How compressed payloads cross the replicas (demo, demo_diloco). "allgather": each replica
     receives every other's payload (exact DeMo; bytes per rank grow as W - 1 payloads).
     "sharded": each replica owns 1/W of the DCT blocks, averages what all sent for them and
-    re-compresses the mean to sharded_topk per block: two collectives per exchange, bytes per
-    rank flat in W (about two payloads). Not with overlap."""
+    re-compresses the mean to sharded_topk per block (bf16 for 1-bit encodings; what it drops
+    goes back into the senders' error feedback): two collectives per exchange, bytes per rank
+    flat in W (a payload and the means). Not with overlap."""
 
     sharded_topk: int = 0
     """exchange = "sharded": coefficients of the mean kept per block; 0 = the mode's top-k (topk,
