@@ -16,7 +16,8 @@
 #   outer [ARGS]          the DiLoCo outer step alone, 2 GPUs (benchmarks/outer_step.py ARGS)
 #   runs [ARGS]           torchtitan runs side by side with their held-out losses (benchmarks/runs.py)
 #   link [ARGS]           torchtitan runs over a real shaped link, 2 GPUs (benchmarks/shaped_link.py)
-#   checks                GPU correctness: zero votes, start-up agreement, skipped steps, replica check
+#   checks                GPU correctness: zero votes, start-up agreement, skipped steps, overlap's delayed
+#                         update, replica check
 #   profile [RUN...]      torch.profiler traces of 1B runs (adamw, flexdemo, flexdemo_overlap) and
 #                         where each step's GPU time goes; LAYOUT=2x2 for 4 GPUs, STEPS (default 30)
 set -uo pipefail
@@ -77,6 +78,10 @@ checks)
   CUDA_VISIBLE_DEVICES=0,1 timeout 240 torchrun --nproc_per_node 2 --master_port 29512 benchmarks/check_skip.py \
     > "$R/skip.txt" 2>&1
   echo "exit $?"; grep '^{' "$R/skip.txt" | tail -1
+  echo "=== overlap == the hand-delayed update, fused sign path (2 GPUs)"
+  CUDA_VISIBLE_DEVICES=0,1 timeout 240 torchrun --nproc_per_node 2 --master_port 29513 benchmarks/check_overlap.py \
+    > "$R/overlap.txt" 2>&1
+  echo "exit $?"; grep '^{' "$R/overlap.txt" | tail -1
   echo "=== replica check cost"
   CUDA_VISIBLE_DEVICES=0 python3 benchmarks/replica_check.py --device cuda > "$R/replica_check.json" 2>&1
   echo "exit $?"; tail -3 "$R/replica_check.json"
