@@ -72,6 +72,7 @@ class ReferenceDeMo:
         """One DeMo step; ``apply=False`` leaves the parameters to the caller (``last_decoded``)."""
         world = dist.get_world_size(self.group)
         self.last_decoded = []
+        self.last_own_decoded = []  # this replica's payload decoded alone (overlap's look-ahead)
         for p, delta in zip(self.params, self.delta):
             if self.wd:
                 p.mul_(1.0 - self.lr * self.wd)
@@ -90,6 +91,8 @@ class ReferenceDeMo:
             delta.sub_(self._decode(own, p.shape, ns, inv))
             if self.encoding == "sign":
                 val = torch.sign(val)
+            own = mean_of_votes(idx, val, coeffs.shape[-1]).reshape(coeffs.shape)
+            self.last_own_decoded.append(self._decode(own, p.shape, ns, inv))
             all_idx = [torch.empty_like(idx) for _ in range(world)]
             all_val = [torch.empty_like(val) for _ in range(world)]
             dist.all_gather(all_idx, idx, group=self.group)

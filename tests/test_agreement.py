@@ -174,7 +174,9 @@ def test_a_launched_job_whose_replicas_disagree_exits_with_one_line(tmp_path, as
     run = launch(CONFIGS / "cpu_2x2_flexdemo.toml", tmp_path / "dump", "--parallelism.data_parallel_shard_degree",
                  "1", "--experimental.custom_import", "agreement_hook", assets=assets, timeout=300, nproc=2,
                  env={"PYTHONPATH": here})
-    line = "flexdemo: DeMo: replicas disagree on payload format version: rank 0 has '2', rank 1 has '3';"
+    from flexdemo.wire.format import WIRE_FORMAT_VERSION as V
+
+    line = f"flexdemo: DeMo: replicas disagree on payload format version: rank 0 has '{V}', rank 1 has '{V + 1}';"
     assert run.returncode != 0 and run.output.count(line) == 1, run.output[-4000:]
     assert "exitcode  : 2" in run.output, run.output[-4000:]
     assert "ReplicaSettingsMismatch" not in run.output and "agreement.py" not in run.output, run.output[-4000:]

@@ -233,19 +233,25 @@ def test_qwen3_family_demo_loss_curve(tmp_path, assets):
     assert run.exchange(0)[3][0] > 0
 
 
-def test_overlap_resume_is_bit_identical(tmp_path, assets):
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_overlap_resume_is_bit_identical(tmp_path, assets, lookahead):
     # overlap: each step's exchange is applied at the next step; a checkpoint holds the
     # exchange in flight (per rank), so a resumed run applies it exactly where the
-    # uninterrupted one does.
+    # uninterrupted one does. With the look-ahead the checkpoint's parameters are one replica's
+    # live ones: each replica rebuilds its own from the saved base; the replica checks (every
+    # 4 steps) compare the bases.
     steps, ckpt = 8, 4
     args = ("--flexdemo.overlap", "--training.steps", str(steps), "--checkpoint.enable",
-            "--checkpoint.interval", str(ckpt), "--flexdemo.replica_check_interval", str(ckpt))
+            "--checkpoint.interval", str(ckpt), "--flexdemo.replica_check_interval", str(ckpt),
+            *(("--flexdemo.overlap_lookahead",) if lookahead else ()))
     full = launch(DEMO, tmp_path / "full", *args, assets=assets, timeout=RUN_TIMEOUT)
     assert full.returncode == 0, full.output[-6000:]
     saved = load_dcp(full.dump / "checkpoint" / f"step-{ckpt}")["optimizer"]
     pending = {k: v for k, v in saved.items() if k.startswith("flexdemo.pending_exchange.")}
-    assert {k.rsplit(".", 1)[1] for k in pending} == {"pending", "bytes", "lrs"} and len(pending) == 3 * 4
-    assert all(int(v.item()) == 1 for k, v in pending.items() if k.endswith(".pending"))
+    names = {"pending", "bytes", "lrs", *(("lookahead",) if lookahead else ())}
+    assert {k.rsplit(".", 1)[1] for k in pending} == names and len(pending) == len(names) * 4
+    assert all(int(v.item()) == 1 for k, v in pending.items() if k.endswith((".pending", ".lookahead")))
+    assert any("lookahead_base" in k for k in saved) == lookahead
     dump = tmp_path / "resumed"
     shutil.copytree(full.dump / "checkpoint" / f"step-{ckpt}", dump / "checkpoint" / f"step-{ckpt}")
     resumed = launch(DEMO, dump, *args, assets=assets, timeout=RUN_TIMEOUT)

@@ -60,8 +60,10 @@ class StartedExchange:
     returns the gathered ``[replicas, nbytes]``; ``waited_seconds`` is how long the caller was
     held up (host time)."""
 
-    def __init__(self, gathered: torch.Tensor, work, group=None, timeout: float | None = None):
+    def __init__(self, gathered: torch.Tensor, work, group=None, timeout: float | None = None,
+                 sent_row: torch.Tensor | None = None):
         self.gathered, self._work, self.waited_seconds = gathered, work, 0.0
+        self.sent_row = sent_row  # this rank's own bytes in the exchange (its row of ``gathered``)
         self._group, self._timeout = group, timeout
         self.flags: HostFlags | None = None  # the flag bytes' copy to the host, if started early
 
@@ -250,7 +252,7 @@ class TopkCompressor:
                              "it cannot be started and left in flight (overlap needs exchange = \"allgather\")")
         mine = self._concat(payloads, flag)
         gathered, self.last_traffic, work = gather_payloads(mine, self.group, async_op=True)
-        started = StartedExchange(gathered, work, self.group, self.timeout)
+        started = StartedExchange(gathered, work, self.group, self.timeout, sent_row=mine)
         if gathered.is_cuda and work is not None:  # on their way to the host as soon as they land
             started.flags = HostFlags(self.flag_bytes(gathered), work)
         return started

@@ -16,7 +16,8 @@ so replicas that start identical stay bit-identical.
 With ``overlap=True`` the all_gather of step t is started and not waited for; its update is
 applied at the start of step t+1 (before that step's weight decay), so the exchange runs while
 the next forward/backward computes: the gradient of step t+1 does not yet see update t (one
-step of delay, as production ports of DeMo do).
+step of delay, as production ports of DeMo do). ``lookahead=True`` meanwhile trains on this
+replica's own share of update t (:mod:`flexdemo.optim.lookahead`).
 
 A non-finite gradient on any shard of a replica is found before anything is sent (agreed over
 the replica's shards, on the fast link) and counts as zero there; the replica says so in its
@@ -46,6 +47,7 @@ from flexdemo.compression.exchange import (
     shard_group_of,
 )
 from flexdemo.local import local_tensor as _local
+from flexdemo.optim.lookahead import LookaheadMixin
 from flexdemo.wire.format import check_encoding
 
 
@@ -56,7 +58,7 @@ class NonFiniteGradientError(NonFiniteError):
     """A replica saw a non-finite gradient and ``nonfinite="stop"``: raised on every replica."""
 
 
-class DeMo(torch.optim.Optimizer):
+class DeMo(LookaheadMixin, torch.optim.Optimizer):
     def __init__(
         self,
         params,
@@ -75,8 +77,13 @@ class DeMo(torch.optim.Optimizer):
         nonfinite: str = "skip",
         exchange: str = "allgather",
         sharded_topk: int = 0,
+        lookahead: bool = False,
     ):
         _check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
+        if not isinstance(lookahead, bool):
+            raise ValueError(f"DeMo: lookahead must be True or False, got {lookahead!r}")
+        if lookahead and not overlap:
+            raise ValueError("DeMo: lookahead needs overlap=True (it stands in for the update still in flight)")
         check_encoding(value_encoding)
         if exchange not in EXCHANGES:
             raise ValueError(f"DeMo: exchange must be one of {EXCHANGES}, got {exchange!r}")
@@ -100,7 +107,7 @@ class DeMo(torch.optim.Optimizer):
         self._steps_done = 0
         # The last step's non-finite flag per local gradient (device) and (index, param) of each.
         self._bad_here: tuple[torch.Tensor, list] = (torch.zeros(0, dtype=torch.bool), [])
-        self.overlap = overlap
+        self.overlap, self.lookahead = overlap, lookahead
         self.kernel_precision = kernel_precision
         self.exchange_timeout = exchange_timeout
         self.exchange, self.sharded_topk = exchange, sharded_topk
@@ -153,7 +160,7 @@ class DeMo(torch.optim.Optimizer):
         """DeMo's own settings that replicas must share: another initial lr, decay or weight
         decay moves the replicas apart from the first step; another overlap or non-finite
         action pairs different collectives or skips on one replica only."""
-        out = {"overlap": str(self.overlap), "nonfinite": self.nonfinite}
+        out = {"overlap": str(self.overlap), "lookahead": str(self.lookahead), "nonfinite": self.nonfinite}
         for i, g in enumerate(self.param_groups):
             out[f"param group {i}"] = (f"lr {g['lr']!r}, decay {g['compression_decay']!r}, "
                                        f"weight decay {g['weight_decay']!r}")
@@ -213,6 +220,8 @@ class DeMo(torch.optim.Optimizer):
         if self.overlap:
             self._pending, self._pending_lrs = comp.start_exchange(payloads, flag), lrs
             self._pending_sent = sent
+            if self.lookahead:
+                self._apply_lookahead()
         else:
             self._finish(comp.exchange(payloads, flag), lrs, sent, scales)
         self._steps_done += 1
@@ -299,6 +308,7 @@ class DeMo(torch.optim.Optimizer):
     def load_state_dict(self, state_dict) -> None:
         self._settle()
         super().load_state_dict(state_dict)
+        self._restore_lookahead()
 
     def _apply(self, gathered: torch.Tensor, lrs: list[float], scales: list[float] | None,
                keep: torch.Tensor | None = None, sent=None) -> None:
@@ -322,6 +332,7 @@ class DeMo(torch.optim.Optimizer):
     @torch.no_grad()
     def finish_pending(self) -> None:
         """overlap: wait for the exchange in flight and apply its update now."""
+        self._undo_lookahead()  # the update applies to the replicas' common parameters
         if self._pending is not None:
             gathered = self._pending.result()
             self._waited_seconds = self._pending.waited_seconds
@@ -341,22 +352,32 @@ class DeMo(torch.optim.Optimizer):
         if self._pending is not None and self.nonfinite == "skip" and any(self.compressor.flags(self._pending.result())):
             self.finish_pending()  # a skipped update: resolve it now (restores the momentum), nothing to carry
         if self._pending is None:
-            return {"pending": torch.zeros(1, dtype=torch.int64), "bytes": torch.zeros(size, dtype=torch.uint8),
-                    "lrs": torch.zeros(groups, dtype=torch.float64)}
-        return {"pending": torch.ones(1, dtype=torch.int64), "bytes": self._pending.result().reshape(-1).cpu(),
-                "lrs": torch.tensor(self._pending_lrs, dtype=torch.float64)}
+            out = {"pending": torch.zeros(1, dtype=torch.int64), "bytes": torch.zeros(size, dtype=torch.uint8),
+                   "lrs": torch.zeros(groups, dtype=torch.float64)}
+        else:
+            out = {"pending": torch.ones(1, dtype=torch.int64), "bytes": self._pending.result().reshape(-1).cpu(),
+                   "lrs": torch.tensor(self._pending_lrs, dtype=torch.float64)}
+        if self.lookahead:  # whether the saved parameters hold a look-ahead (the next step goes back to the base)
+            out["lookahead"] = torch.tensor([int(self._lookahead_on)], dtype=torch.int64)
+        return out
 
     def load_pending_state(self, state: dict[str, torch.Tensor]) -> None:
+        self._lookahead_on = self.lookahead and bool(int(state["lookahead"].item()))  # key only with lookahead
         if not int(state["pending"].item()):
             self._pending = None
             return
         gathered = state["bytes"].to(self.compressor.device).view(self.replica_world_size, self.compressor.nbytes)
-        self._pending, self._pending_lrs = StartedExchange(gathered, None), state["lrs"].tolist()
+        me = dist.get_rank(self.replicate_group) if self.replica_world_size > 1 else 0
+        self._pending = StartedExchange(gathered, None, sent_row=gathered[me])
+        self._pending_lrs = state["lrs"].tolist()
+        self._restore_lookahead()
         self._pending_sent = None  # a carried exchange is applied, or (nonfinite="stop") raises
 
     def _create_state(self) -> None:
         for p in self._trainable():
             self._delta(p)  # also for empty shards (no payload)
+        if self.lookahead:
+            self._lookahead_bases()
 
     def _weight_decay_scales(self) -> list[float]:
         return [1.0 - g["lr"] * g["weight_decay"] for g in self.param_groups]

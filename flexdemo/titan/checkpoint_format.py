@@ -37,6 +37,8 @@ def format_tag(cfg) -> str:
     items = {"mode": cfg.mode}
     if cfg.mode == "demo":
         items.update(topk=cfg.topk, chunk=cfg.chunk, value_encoding=cfg.value_encoding, overlap=cfg.overlap)
+        if cfg.overlap_lookahead:  # its state holds the common parameters (named only when on: older tags stand)
+            items.update(lookahead=True)
     elif cfg.mode in ("diloco", "demo_diloco"):
         items.update(outer_momentum=cfg.outer_momentum > 0, outer_value_encoding=cfg.outer_value_encoding)
         if cfg.mode == "demo_diloco":

@@ -87,6 +87,13 @@ class FlexDemo:
     1.2), for a 19% faster step over a 1 Gbit/s link. On NVLink it buys no speed (98.7% of
     AdamW-DDP's tokens/s against 99-101% without, 1B, 2 x H200: docs/results.md 1.3)."""
 
+    overlap_lookahead: bool = False
+    """demo with overlap = true: while a step's exchange is in flight, each replica trains on its
+    own share of that update (its payload decoded alone), then goes back exactly to the common
+    parameters when the whole update lands (Psyche's look-ahead, kept bit-identical across
+    replicas). Costs a copy of the parameters (4 bytes each) and one more decode per step; replica
+    checks and validation see the common parameters, checkpoints also keep them."""
+
     validation_same_batches: bool = True
     """With [validation] enabled: every validation scores the same held-out batches (torchtitan's
     validator otherwise continues its dataloader, so each validation scores different text).
@@ -228,6 +235,8 @@ def check_section(c: FlexDemo) -> None:
         _fail(f"exchange={c.exchange!r}; expected one of {EXCHANGES}")
     if c.sharded_topk < 0:
         _fail(f"sharded_topk={c.sharded_topk!r}; expected an integer >= 0 (0: the mode's top-k)")
+    if c.overlap_lookahead and not c.overlap:
+        _fail("overlap_lookahead = true needs overlap = true (it stands in for the update still in flight)")
     if c.exchange == "sharded" and c.overlap and c.mode == "demo":
         _fail('overlap = true needs exchange = "allgather" (the sharded exchange runs two collectives with '
               "the owners' work between them; they cannot run behind the next step)")
@@ -339,7 +348,7 @@ def validate_job_config(job_config, world_size: int | None) -> None:
 # [flexdemo] keys each mode reads (mode itself and the replica check: all of them).
 _DEMO_KEYS = ("topk", "chunk", "decay", "value_encoding", "weight_decay", "overlap", "kernel_precision",
               "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips", "exchange",
-              "sharded_topk")
+              "sharded_topk", "overlap_lookahead")
 _OUTER_KEYS = ("sync_interval", "outer_lr", "outer_momentum", "outer_nesterov", "outer_value_encoding",
                "outer_state_device", "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips")
 _KEYS_USED = {

@@ -88,6 +88,7 @@ def build_flexdemo_optimizers(
         "replicate_group": group,
         "value_encoding": cfg.value_encoding,
         "overlap": cfg.overlap,
+        "lookahead": cfg.overlap_lookahead,
         "kernel_precision": cfg.kernel_precision,
         "exchange_timeout": cfg.exchange_timeout_seconds or None,
         "nonfinite": cfg.nonfinite,
@@ -96,7 +97,7 @@ def build_flexdemo_optimizers(
     }
     logger.info(
         f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
-        f"values={cfg.value_encoding}, overlap={cfg.overlap}, exchange={describe_exchange(cfg, cfg.topk)}) "
+        f"values={cfg.value_encoding}, overlap={cfg.overlap}{', lookahead' if cfg.overlap_lookahead else ''}, exchange={describe_exchange(cfg, cfg.topk)}) "
         f"over dp_replicate={parallel_dims.dp_replicate}"
     )
     return _container(model_parts, DeMo, kwargs, cfg, group, checkpoint, per_replica_state=True,

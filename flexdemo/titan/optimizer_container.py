@@ -8,6 +8,7 @@ files named after them: replica-exchange accounting (exchange_accounting.py), sk
 reporting (skipped_steps.py) and flexdemo's checkpoint keys (checkpoint_keys.py).
 """
 
+import contextlib
 import time
 from typing import Any
 
@@ -119,8 +120,18 @@ class FlexOptimizersContainer(CheckpointKeys, SkipReporting, ExchangeAccounting,
         ):
             shared = [t for e in self.outer.entries for t in (e.global_copy, e.momentum) if t is not None] \
                 if self.outer is not None else []
-            rep.verify_or_resync(self.model_parts, self.replicate_group, self.step_count, self.replica_check_action,
-                                 shared)
+            with self.consensus():
+                rep.verify_or_resync(self.model_parts, self.replicate_group, self.step_count,
+                                     self.replica_check_action, shared)
 
     def _overlapped(self):
         return [o for o in self.optimizers if getattr(o, "overlap", False)]
+
+    @contextlib.contextmanager
+    def consensus(self):
+        """The replicas' common parameters in the model for the duration (overlap_lookahead: the
+        live ones hold each replica's own look-ahead; flexdemo.optim.lookahead)."""
+        with contextlib.ExitStack() as stack:
+            for opt in self._overlapped():
+                stack.enter_context(opt.consensus())
+            yield

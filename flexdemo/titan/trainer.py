@@ -14,12 +14,16 @@ ParallelDims is shown through a view whose "batch" is the replica's shard group
 losses stay global (flexdemo's metrics processor rescales their average, see metrics.py).
 Under torchtitan's own entry point (the stock Trainer) the all-reduce stays and the
 gradients are rescaled instead.
+
+With ``overlap_lookahead`` the validator is wrapped to score the replicas' common parameters
+(validation.ConsensusValidator); the stock Trainer would score each replica's look-ahead.
 """
 
 from torchtitan.train import Trainer
 
 from .config import REPLICA_LOCAL_LOSS_ATTR, SEPARATE_REPLICA_MODES
 from .torchtitan_workarounds import replica_local_batch_view
+from .validation import ConsensusValidator
 
 
 class FlexTrainer(Trainer):
@@ -30,3 +34,6 @@ class FlexTrainer(Trainer):
         super().__init__(job_config)
         if local and self.parallel_dims.dp_replicate > 1:
             self.parallel_dims = replica_local_batch_view(self.parallel_dims)
+        # overlap_lookahead: validation scores the replicas' common parameters, not one's look-ahead.
+        if getattr(self, "validator", None) is not None and flex is not None and flex.overlap_lookahead:
+            self.validator = ConsensusValidator(self.validator, self.optimizers.consensus)

@@ -42,6 +42,22 @@ class SameBatchesValidator:
         return getattr(self.inner, name)
 
 
+class ConsensusValidator:
+    """Scores the replicas' common parameters: ``consensus`` (a context manager, the optimizers
+    container's) puts them in the model for the validation (overlap_lookahead: the live
+    parameters hold each replica's own look-ahead). Every other attribute is the wrapped one's."""
+
+    def __init__(self, inner: Any, consensus: Callable[[], Any]):
+        self.inner, self._consensus = inner, consensus
+
+    def validate(self, model_parts, step: int):
+        with self._consensus():
+            return self.inner.validate(model_parts, step)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
 def wrap_validator_builder(build_validator: Callable[..., Any]) -> Callable[..., Any]:
     """The family's ``build_validator_fn``, its validator wrapped when the key asks for it."""
 
