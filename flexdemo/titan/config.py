@@ -85,14 +85,17 @@ class FlexDemo:
     next forward/backward computes (the gradient then lags the update by one step). It costs
     loss: +18% held-out loss after 1000 steps of the small flavor at lr 1e-3 (docs/results.md
     1.2), for a 19% faster step over a 1 Gbit/s link. On NVLink it buys no speed (98.7% of
-    AdamW-DDP's tokens/s against 99-101% without, 1B, 2 x H200: docs/results.md 1.3)."""
+    AdamW-DDP's tokens/s against 99-101% without, 1B, 2 x H200: docs/results.md 1.3).
+    overlap_lookahead recovers most of the loss."""
 
     overlap_lookahead: bool = False
     """demo with overlap = true: while a step's exchange is in flight, each replica trains on its
     own share of that update (its payload decoded alone), then goes back exactly to the common
     parameters when the whole update lands (Psyche's look-ahead, kept bit-identical across
-    replicas). Costs a copy of the parameters (4 bytes each) and one more decode per step; replica
-    checks and validation see the common parameters, checkpoints also keep them."""
+    replicas). Held-out loss +0.5% / +2.1% over no overlap (two seeds, small, 1000 steps) where
+    overlap alone costs +18.8% (docs/results.md 1.2). Costs a copy of the parameters (4 bytes
+    each) and one more decode per step; replica checks and validation see the common parameters,
+    which checkpoints keep in the optimizer state."""
 
     validation_same_batches: bool = True
     """With [validation] enabled: every validation scores the same held-out batches (torchtitan's
