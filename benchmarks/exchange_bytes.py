@@ -7,6 +7,11 @@ parameters, one shard per replica) up to W = 1024, next to a bf16 ring all-reduc
 gradients (2 (W-1)/W x 2 bytes x parameters per rank).
 
   python3 benchmarks/exchange_bytes.py --measure 2,3,4,5,8,16 --model 2,4,8,16,64,256,1024
+
+With --topks: per top-k, the 1B payload per step with fixed-width and Elias-Fano indices (bits
+per kept coefficient, and how many times fewer bytes than a bf16 ring all-reduce at W = 2).
+
+  python3 benchmarks/exchange_bytes.py --topks 4,8,16,32,64,128
 """
 
 from __future__ import annotations
@@ -60,13 +65,13 @@ def count_collectives():
     return counted
 
 
-def _one_exchange(rank: int, world: int, topk: int, encoding: str) -> dict:
+def _one_exchange(rank: int, world: int, topk: int, encoding: str, index_coding: str = "fixed") -> dict:
     counted = count_collectives()
     params = [torch.zeros(s) for s in SMALL_SHAPES]
     gen = torch.Generator().manual_seed(rank)
     out = {}
     for exchange in EXCHANGES:
-        comp = TopkCompressor([params], [64], [topk], encoding, None, exchange=exchange)
+        comp = TopkCompressor([params], [64], [topk], encoding, None, exchange=exchange, index_coding=index_coding)
         payloads = [comp.encode(b, [torch.randn(m.param.shape, generator=gen) for m in b.members])
                     for b in comp.buckets]
         counted["sent"] = counted["received"] = 0
@@ -76,12 +81,12 @@ def _one_exchange(rank: int, world: int, topk: int, encoding: str) -> dict:
     return out
 
 
-def measure(worlds: list[int], topk: int, encoding: str) -> list[dict]:
+def measure(worlds: list[int], topk: int, encoding: str, index_coding: str = "fixed") -> list[dict]:
     from multiproc import run_ranks
 
     rows = []
     for world in worlds:
-        ranks = run_ranks(_one_exchange, world, topk, encoding, timeout=600)
+        ranks = run_ranks(_one_exchange, world, topk, encoding, index_coding, timeout=600)
         row = {"W": world, "payload_bytes": ranks[0]["allgather"]["payload"]}
         for exchange in EXCHANGES:
             row[exchange] = max(r[exchange]["received"] for r in ranks)
@@ -92,13 +97,13 @@ def measure(worlds: list[int], topk: int, encoding: str) -> list[dict]:
     return rows
 
 
-def model(worlds: list[int], topk: int, encoding: str, sharded_topk: int) -> list[dict]:
+def model(worlds: list[int], topk: int, encoding: str, sharded_topk: int, index_coding: str = "fixed") -> list[dict]:
     shapes = llama3_1b_shapes()
     params = sum(torch.Size(s).numel() for s in shapes)
     entries = [[(None, s, torch.float32) for s in shapes]]
     rows = []
     for world in worlds:
-        buckets, payload = build_plan(entries, [64], [topk], encoding)
+        buckets, payload = build_plan(entries, [64], [topk], encoding, index_coding)
         sharded = ShardedExchange(buckets, encoding, sharded_topk, world, rank=0).traffic()
         rows.append({"W": world, "allgather": (world - 1) * (payload + 1), "sharded": sharded.received,
                      "bf16_ring_allreduce": round(2 * (world - 1) / world * 2 * params)})
@@ -120,6 +125,34 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def index_table(topks: list[int], encoding: str) -> list[dict]:
+    """Per top-k, the llama3-1B payload per step (1 shard) with each index coding."""
+    shapes = llama3_1b_shapes()
+    params = sum(torch.Size(s).numel() for s in shapes)
+    entries = [[(None, s, torch.float32) for s in shapes]]
+    rows = []
+    for k in topks:
+        row = {"topk": k}
+        for coding in ("fixed", "elias_fano"):
+            buckets, payload = build_plan(entries, [64], [k], encoding, coding)
+            kept = sum(b.num_blocks * b.k for b in buckets)
+            row[coding] = {"payload_bytes": payload + 1, "bits_per_kept": 8 * payload / kept,
+                           "x_fewer_than_bf16_ring_w2": 2 * params / (payload + 1)}
+        rows.append(row)
+    return rows
+
+
+def index_markdown(rows: list[dict]) -> str:
+    lines = ["| top-k | fixed: bytes/step | bits/kept | x fewer than bf16 ring | elias_fano: bytes/step | bits/kept "
+             "| x fewer than bf16 ring | saved |", "|" + "---:|" * 8]
+    for r in rows:
+        f, e = r["fixed"], r["elias_fano"]
+        lines.append(f"| {r['topk']} | {f['payload_bytes']:,} | {f['bits_per_kept']:.2f} | "
+                     f"{f['x_fewer_than_bf16_ring_w2']:,.0f}x | {e['payload_bytes']:,} | {e['bits_per_kept']:.2f} | "
+                     f"{e['x_fewer_than_bf16_ring_w2']:,.0f}x | {1 - e['payload_bytes'] / f['payload_bytes']:.1%} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measure", default="2,3,4,5,8,16", help="replica counts run on this CPU (gloo)")
@@ -127,10 +160,20 @@ def main() -> int:
     ap.add_argument("--topk", type=int, default=32)
     ap.add_argument("--sharded-topk", type=int, default=0, help="0: the top-k")
     ap.add_argument("--encoding", default="sign")
+    ap.add_argument("--index-coding", default="fixed", choices=("fixed", "elias_fano"))
+    ap.add_argument("--topks", default="", help="instead: the 1B payload per top-k, fixed vs Elias-Fano indices")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    measured = measure([int(w) for w in args.measure.split(",") if w], args.topk, args.encoding)
-    modelled = model([int(w) for w in args.model.split(",") if w], args.topk, args.encoding, args.sharded_topk)
+    if args.topks:
+        rows = index_table([int(k) for k in args.topks.split(",")], args.encoding)
+        print(f"llama3-1B payload per step, 1 shard, {args.encoding} values:")
+        print(index_markdown(rows))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return 0
+    measured = measure([int(w) for w in args.measure.split(",") if w], args.topk, args.encoding, args.index_coding)
+    modelled = model([int(w) for w in args.model.split(",") if w], args.topk, args.encoding, args.sharded_topk,
+                     args.index_coding)
     print("measured (CPU, gloo; bytes received per rank per exchange, most-loaded rank):")
     print(markdown(measured))
     print("\nmodelled (llama3-1B shapes, 1 shard per replica):")

@@ -83,6 +83,24 @@ def test_fused_path_matches_torch_path(encoding):
             assert (a["delta"] - b["delta"]).abs().max() <= 1e-5 * b["delta"].abs().max()
 
 
+@pytest.mark.parametrize("encoding", ["sign", "fp32"])
+def test_fused_path_with_elias_fano_indices_trains_as_with_fixed_ones(encoding):
+    # The fused encode and decode kernels around torch-op Elias-Fano pack/unpack: the same bits.
+    from flexdemo import DeMo
+
+    runs = []
+    for coding in ("fixed", "elias_fano"):
+        params = _params()
+        opt = DeMo(params, lr=0.01, compression_decay=0.9, compression_topk=8, value_encoding=encoding,
+                   weight_decay=0.1, index_coding=coding)
+        assert opt.compressor.uses_fused_kernels
+        for step in range(3):
+            _step(params, opt, step)
+        runs.append((params, opt.last_step_bytes_sent))
+    (fixed, fixed_bytes), (ef, ef_bytes) = runs
+    assert all(torch.equal(a, b) for a, b in zip(fixed, ef)) and ef_bytes < fixed_bytes
+
+
 def test_topk_above_the_kernels_limit_takes_the_torch_path():
     # The fused kernels' work grows with K (gathered basis products, replica-overlap counts):
     # past MAX_TOPK buckets use the torch path (and still train: the step below runs it).

@@ -11,8 +11,16 @@ index 0 with value 0.0, a kept zero that casts no vote.
   (1.5 + 2.0) / 2 = 1.75 = 0x3FE00000 -> 00 00 E0 3F; 0.75 = 0x3F400000 -> 00 00 40 3F.
 - fp32 values, little endian: -1.5 = 0xBFC00000, 2.0 = 0x40000000, 0.75 = 0x3F400000, 0.0.
 - bf16 values: the top halves: C0 BF, 00 40, 40 3F, 00 00.
-These are format version 3 (version 3 changed no byte here: the sharded exchange's owners now
-send the means of 1-bit values as bf16); a change to any of these bytes must bump WIRE_FORMAT_VERSION.
+Elias-Fano indices (index_coding = "elias_fano"), the same two blocks given in another slot
+order, [10, 3] and [0 (the kept zero), 5]: each block's voters sorted by position, then its
+non-voters at position 15: [3, 10] and [5, 15], values in that order (as above).
+- low bits: l = floor(log2(16 / 2)) = 3 bits each, LSB first: 3, 10 & 7 = 2, 5, 15 & 7 = 7 ->
+  bits 110 010 101 111 -> 0x53, 0x0F.
+- high parts in unary: bit (p >> 3) + i of a k + (15 >> 3) + 1 = 4-bit vector per block:
+  block 0: 0 + 0, 1 + 1 -> 1010; block 1: 0 + 0, 1 + 1 -> 1010; -> 0x55.
+- then the values exactly as in the fixed layout.
+These are format version 4 (version 3: the sharded exchange's owners send the means of 1-bit
+values as bf16; 4: Elias-Fano indices); a change to any of these bytes must bump WIRE_FORMAT_VERSION.
 """
 
 import pytest
@@ -44,8 +52,8 @@ def sent(encoding):
     return scaled_signs(VALS) if encoding == "scaled_sign" else VALS
 
 
-def test_these_vectors_are_format_version_3():
-    assert WIRE_FORMAT_VERSION == 3
+def test_these_vectors_are_format_version_4():
+    assert WIRE_FORMAT_VERSION == 4
     # the owners' means (sharded exchange) are the bf16 vectors below for 1-bit values
     assert [means_encoding(e) for e in GOLDEN] == ["bf16", "bf16", "fp32", "bf16"]
 
@@ -67,3 +75,18 @@ def test_a_kept_zero_before_a_voter_is_sent_after_it():
     # indices are 9 | 7 << 4 = 0x79, the signs 1, 0 -> 0x01 and the voter count 1 -> 0x01.
     payload = pack_payload(torch.tensor([[7, 9]]), torch.tensor([[0.0, -3.0]]), 16, "sign")
     assert payload.tolist() == [0x79, 0x01, 0x01]
+
+
+IDX_EF = torch.tensor([[10, 3], [0, 5]])  # the blocks above, in another slot order
+VALS_EF = torch.tensor([[2.0, -1.5], [0.0, 0.75]])
+HEAD_EF = [0x53, 0x0F, 0x55]
+
+
+@pytest.mark.parametrize("encoding", list(GOLDEN))
+def test_elias_fano_indices_give_the_golden_bytes_and_decode_to_the_votes(encoding):
+    vals = scaled_signs(VALS_EF) if encoding == "scaled_sign" else VALS_EF
+    golden = HEAD_EF + GOLDEN[encoding][len(HEAD):]
+    assert pack_payload(IDX_EF, vals, 16, encoding, "elias_fano").tolist() == golden
+    payload = torch.tensor(golden, dtype=torch.uint8).unsqueeze(0)
+    idx, decoded = unpack_payload(payload, 2, 2, 16, encoding, torch.float32, "elias_fano")
+    assert idx[0].tolist() == DECODED_IDX and decoded[0].tolist() == DECODED_VALS[encoding]

@@ -17,7 +17,8 @@ import torch
 
 from flexdemo.wire.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
 from flexdemo.wire.dct import BlockLayout, blocks_dct, blocks_idct
-from flexdemo.wire.format import count_bits, voter_counts
+from flexdemo.wire.elias_fano import pack_positions, unpack_positions
+from flexdemo.wire.format import check_index_coding, count_bits, index_nbytes, voter_counts
 
 
 def select_topk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,6 +31,15 @@ def voters_first(idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, t
     """``[B, k]`` slots reordered per row so that non-zero values come first (stable)."""
     order = torch.argsort((vals == 0).to(torch.int8), dim=-1, stable=True)
     return torch.gather(idx, -1, order), torch.gather(vals, -1, order)
+
+
+def voters_by_position(idx: torch.Tensor, vals: torch.Tensor, block_numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, k]`` slots reordered per row for Elias-Fano coding: voters (non-zero values) first,
+    by position; then the non-voters, placed at ``block_numel - 1`` (a non-decreasing row)."""
+    key = torch.where(vals != 0, idx.to(torch.int64), block_numel)
+    order = torch.argsort(key, dim=-1, stable=True)
+    idx, vals = torch.gather(idx, -1, order), torch.gather(vals, -1, order)
+    return torch.where(vals != 0, idx, block_numel - 1), vals
 
 
 def scaled_signs(vals: torch.Tensor) -> torch.Tensor:
@@ -66,13 +76,20 @@ def compress(acc: torch.Tensor, layout: BlockLayout, k: int, encoding: str) -> t
     return idx, vals
 
 
-def pack_payload(idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encoding: str) -> torch.Tensor:
+def pack_payload(idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encoding: str,
+                 index_coding: str = "fixed") -> torch.Tensor:
     """``idx``/``vals`` of shape ``[B, k]`` (as :func:`compress` returns them) -> uint8 bit
     stream. With 1-bit values each row is sent voters first, as its voter count requires; a
-    non-voter's index and sign bits are sent but never read."""
-    if encoding in ("sign", "scaled_sign"):
-        idx, vals = voters_first(idx, vals.reshape(idx.shape))
-    packed_idx = pack_uint(idx, bits_for(block_numel))
+    non-voter's index and sign bits are sent but never read. Elias-Fano indices: voters by
+    position (:func:`voters_by_position`)."""
+    check_index_coding(index_coding)
+    if index_coding == "elias_fano":
+        idx, vals = voters_by_position(idx, vals.reshape(idx.shape), block_numel)
+        packed_idx = pack_positions(idx, block_numel)
+    else:
+        if encoding in ("sign", "scaled_sign"):
+            idx, vals = voters_first(idx, vals.reshape(idx.shape))
+        packed_idx = pack_uint(idx, bits_for(block_numel))
     flat = vals.reshape(-1)
     if encoding == "fp32":
         packed_vals = flat.to(torch.float32).contiguous().view(torch.uint8)
@@ -90,13 +107,17 @@ def pack_payload(idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encodi
 
 
 def unpack_payload(
-    payload: torch.Tensor, num_blocks: int, k: int, block_numel: int, encoding: str, dtype: torch.dtype
+    payload: torch.Tensor, num_blocks: int, k: int, block_numel: int, encoding: str, dtype: torch.dtype,
+    index_coding: str = "fixed",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[W, nbytes]`` payloads -> indices ``[W, B, k]`` (int64) and values ``[W, B, k]`` of
     ``dtype``; a slot that casts no vote reads as index -1, value 0."""
     W, count = payload.shape[0], num_blocks * k
-    idx_bytes = packed_nbytes(count, bits_for(block_numel))
-    idx = unpack_uint(payload[:, :idx_bytes], bits_for(block_numel), count).reshape(W, num_blocks, k)
+    idx_bytes = index_nbytes(num_blocks, k, block_numel, index_coding)
+    if index_coding == "elias_fano":
+        idx = unpack_positions(payload[:, :idx_bytes], num_blocks, k, block_numel)
+    else:
+        idx = unpack_uint(payload[:, :idx_bytes], bits_for(block_numel), count).reshape(W, num_blocks, k)
     # A fresh flat buffer: the values may start at any byte, and view() needs alignment.
     raw = payload[:, idx_bytes:].contiguous()
     if encoding == "fp32":

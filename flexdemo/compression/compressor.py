@@ -47,7 +47,7 @@ from flexdemo.compression.plan import Bucket, build_plan
 from flexdemo.compression.sharded import ShardedExchange
 from flexdemo.local import local_tensor
 from flexdemo.wire.dct import blocks_idct
-from flexdemo.wire.format import FLAG_BYTES, check_encoding
+from flexdemo.wire.format import FLAG_BYTES, check_encoding, check_index_coding
 
 KernelPrecision = Literal["ieee", "tf32x3"]
 KERNEL_PRECISIONS: tuple[str, ...] = get_args(KernelPrecision)
@@ -142,8 +142,10 @@ class TopkCompressor:
         agree: dict[str, str] | None = None,
         exchange: str = "allgather",
         sharded_topk: int = 0,
+        index_coding: str = "fixed",
     ):
         check_encoding(encoding)
+        check_index_coding(index_coding)
         if exchange not in EXCHANGES:
             raise ValueError(f"{who}: exchange must be one of {EXCHANGES}, got {exchange!r}")
         if not isinstance(sharded_topk, int) or isinstance(sharded_topk, bool) or sharded_topk < 0:
@@ -157,7 +159,8 @@ class TopkCompressor:
         self.encoding = encoding
         self.group = replicate_group
         entries = [[(t, tuple(local_tensor(t).shape), t.dtype) for t in ts] for ts in groups]
-        self.buckets, coefficient_bytes = build_plan(entries, chunks, topks, encoding)
+        self.index_coding = index_coding
+        self.buckets, coefficient_bytes = build_plan(entries, chunks, topks, encoding, index_coding)
         self.nbytes = coefficient_bytes + FLAG_BYTES  # the flag byte ends each payload
         self._index = {id(b): i for i, b in enumerate(self.buckets)}
         # "sharded": owners aggregate and re-compress (compression.sharded); one replica: nothing to shard.
@@ -178,6 +181,7 @@ class TopkCompressor:
         if distributed():  # the caller's settings (``agree``) and everything that changes the decoded bits
             settings = compressor_settings(self.buckets, entries, encoding, kernel_precision, self.device)
             settings["exchange"] = exchange if exchange == "allgather" else f"sharded, sharded_topk {sharded_topk}"
+            settings["index coding"] = index_coding
             check_settings_agree(who, {**(agree or {}), **settings}, replicate_group, self.device)
 
     @property

@@ -30,8 +30,9 @@ class TorchPath:
 
     fused = False
 
-    def __init__(self, encoding: str, precision: str):
+    def __init__(self, encoding: str, precision: str, index_coding: str = "fixed"):
         self.encoding = encoding  # ``precision`` is the kernels' only: the torch path has none
+        self.index_coding = index_coding
 
     def encode(self, accs, incs, scale: float, decay: float, layouts: list[BlockLayout], k: int,
                skip_incs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,11 +50,11 @@ class TorchPath:
         return torch.cat(idx_parts), torch.cat(val_parts)
 
     def pack(self, idx: torch.Tensor, vals: torch.Tensor, block_numel: int) -> torch.Tensor:
-        return pack_payload(idx, vals, block_numel, self.encoding)
+        return pack_payload(idx, vals, block_numel, self.encoding, self.index_coding)
 
     def unpack(self, payloads: torch.Tensor, num_blocks: int, k: int, block_numel: int,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return unpack_payload(payloads, num_blocks, k, block_numel, self.encoding, dtype)
+        return unpack_payload(payloads, num_blocks, k, block_numel, self.encoding, dtype, self.index_coding)
 
     def decode_sign_update(self, members, targets: list[torch.Tensor], idx, vals, lr, scale: float) -> None:
         """``target = target * scale - lr * sign(decode)`` per member; ``lr`` a float, or one fp32
@@ -78,9 +79,12 @@ class FusedPath:
 
     fused = True
 
-    def __init__(self, encoding: str, precision: str):
+    def __init__(self, encoding: str, precision: str, index_coding: str = "fixed"):
         self.encoding = encoding
         self.precision = precision  # tl.dot's: "tf32x3" or "ieee"
+        # The pack/unpack kernels write fixed-width indices; Elias-Fano ones are torch ops (on
+        # the same device), between the fused encode and the fused decode.
+        self.index_coding = index_coding
 
     def encode(self, accs, incs, scale: float, decay: float, layouts: list[BlockLayout], k: int,
                skip_incs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,11 +92,16 @@ class FusedPath:
                                  precision=self.precision, skip_grad=skip_incs)
 
     def pack(self, idx: torch.Tensor, vals: torch.Tensor, block_numel: int) -> torch.Tensor:
+        if self.index_coding != "fixed":
+            return pack_payload(idx, vals, block_numel, self.encoding, self.index_coding)
         return fused_pack_payload(idx, vals, block_numel, self.encoding)
 
     def unpack(self, payloads: torch.Tensor, num_blocks: int, k: int, block_numel: int,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # fp32 values, int32 indices: a fused bucket's dtype is fp32
+        if self.index_coding != "fixed":
+            return unpack_payload(payloads, num_blocks, k, block_numel, self.encoding, torch.float32,
+                                  self.index_coding)
         return fused_unpack_payload(payloads, num_blocks, k, block_numel, self.encoding)
 
     def decode_sign_update(self, members, targets: list[torch.Tensor], idx, vals, lr, scale: float) -> None:
@@ -113,4 +122,4 @@ def choose_path(bucket, fused: bool, encoding: str, precision: str, k_read: int 
         and local_tensor(m.param).is_contiguous()
         for m in bucket.members
     )
-    return (FusedPath if fits else TorchPath)(encoding, precision)
+    return (FusedPath if fits else TorchPath)(encoding, precision, bucket.index_coding)

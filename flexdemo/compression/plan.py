@@ -35,6 +35,7 @@ class Bucket:
     num_blocks: int = 0
     byte_offset: int = 0  # where this bucket starts in the step's payload
     path: object = None  # set by the compressor: compression.paths' TorchPath or FusedPath
+    index_coding: str = "fixed"  # how its indices travel (flexdemo.wire.format)
 
     @property
     def fused(self) -> bool:
@@ -46,8 +47,8 @@ class Bucket:
         return self.n1 * self.n2
 
     def nbytes(self, encoding: str) -> int:
-        """``ceil(blocks*k*bits/8) + value bytes``: the payload formula for one bucket."""
-        return coefficients_nbytes(self.num_blocks, self.k, self.block_numel, encoding)
+        """Index bytes + value bytes: the payload formula for one bucket."""
+        return coefficients_nbytes(self.num_blocks, self.k, self.block_numel, encoding, self.index_coding)
 
 
 def build_plan(
@@ -55,6 +56,7 @@ def build_plan(
     chunks: list[int],
     topks: list[int],
     encoding: str,
+    index_coding: str = "fixed",
 ) -> tuple[list[Bucket], int]:
     """Buckets for ``local_shapes[g] = [(param, local shape, dtype), ...]`` per param group.
 
@@ -71,7 +73,7 @@ def build_plan(
             key = (g, layout.n1, layout.n2, k, dtype)
             bucket = buckets.get(key)
             if bucket is None:
-                bucket = buckets[key] = Bucket(g, layout.n1, layout.n2, k, dtype)
+                bucket = buckets[key] = Bucket(g, layout.n1, layout.n2, k, dtype, index_coding=index_coding)
             bucket.members.append(Member(param, layout, bucket.num_blocks))
             bucket.num_blocks += layout.num_blocks
     offset = 0
@@ -93,4 +95,5 @@ def describe_blocks(buckets: list[Bucket], encoding: str) -> str:
     parts = [f"{n1}x{n2} top-{k}: {t} tensors, {n:,} blocks" + (f" ({p} with partial edge blocks)" if p else "")
              for (n1, n2, k), (t, n, p) in shapes.items()]
     total = sum(b.nbytes(encoding) for b in buckets)
-    return f"DCT blocks per rank: {'; '.join(parts) or 'none'}; {total:,} payload bytes per exchange ({encoding})"
+    coding = f", {buckets[0].index_coding} indices" if buckets and buckets[0].index_coding != "fixed" else ""
+    return f"DCT blocks per rank: {'; '.join(parts) or 'none'}; {total:,} payload bytes per exchange ({encoding}{coding})"

@@ -48,10 +48,10 @@ class ShardedExchange:
         # of the coefficients sent to it (stage 1) and of its packed means (stage 2).
         self.k2 = [clamp_topk(sharded_topk or b.k, b.block_numel) for b in buckets]
         self.starts = [[o * b.num_blocks // world for o in range(world + 1)] for b in buckets]
-        self.sent_bytes = [[coefficients_nbytes(s[o + 1] - s[o], b.k, b.block_numel, encoding) for o in range(world)]
-                           for b, s in zip(buckets, self.starts)]
-        self.mean_bytes = [[coefficients_nbytes(s[o + 1] - s[o], k2, b.block_numel, self.means_encoding)
-                            for o in range(world)]
+        self.sent_bytes = [[coefficients_nbytes(s[o + 1] - s[o], b.k, b.block_numel, encoding, b.index_coding)
+                            for o in range(world)] for b, s in zip(buckets, self.starts)]
+        self.mean_bytes = [[coefficients_nbytes(s[o + 1] - s[o], k2, b.block_numel, self.means_encoding,
+                                                b.index_coding) for o in range(world)]
                            for b, s, k2 in zip(buckets, self.starts, self.k2)]
         # Stage 1, owner-major: owner o's part is every bucket's coefficients of o's blocks.
         # Stage 2: owner o's row is every bucket's means of o's blocks, then o's own flag byte
@@ -88,8 +88,8 @@ class ShardedExchange:
         """Bucket ``i``'s kept coefficients ``[B, k]`` -> one bit stream per owner's block range,
         concatenated in owner order."""
         b, s = self.buckets[i], self.starts[i]
-        return torch.cat([pack_payload(idx[s[o]:s[o + 1]], vals[s[o]:s[o + 1]], b.block_numel, self.encoding)
-                          for o in range(self.world)])
+        return torch.cat([pack_payload(idx[s[o]:s[o + 1]], vals[s[o]:s[o + 1]], b.block_numel, self.encoding,
+                                       b.index_coding) for o in range(self.world)])
 
     def exchange(self, payloads: list[torch.Tensor], flag: torch.Tensor, group, timeout: float | None,
                  device: torch.device) -> tuple[torch.Tensor, Traffic]:
@@ -119,7 +119,7 @@ class ShardedExchange:
                 idx, vals = b.path.unpack(seg, n, b.k, b.block_numel, b.dtype)
                 means = self.owner_means(idx, vals, b.block_numel, self.k2[i])
                 row[mean_at:mean_at + self.mean_bytes[i][me]] = pack_payload(*means, b.block_numel,
-                                                                             self.means_encoding)
+                                                                             self.means_encoding, b.index_coding)
         row[-FLAG_BYTES:] = flag.reshape(FLAG_BYTES)
         # Stage 2: my row to every replica, every owner's row to me (rows differ in length by
         # a block or so per bucket: an all_to_all sends each exactly, an all_gather would pad).
@@ -157,7 +157,8 @@ class ShardedExchange:
                 continue
             at = self.mean_at[i][o]
             seg = rows[at:at + self.mean_bytes[i][o]].unsqueeze(0)
-            idx, vals = unpack_payload(seg, n, self.k2[i], b.block_numel, self.means_encoding, b.dtype)
+            idx, vals = unpack_payload(seg, n, self.k2[i], b.block_numel, self.means_encoding, b.dtype,
+                                       b.index_coding)
             idx_parts.append(idx)
             val_parts.append(vals)
         return torch.cat(idx_parts, dim=1), torch.cat(val_parts, dim=1)

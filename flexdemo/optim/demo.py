@@ -78,6 +78,7 @@ class DeMo(LookaheadMixin, torch.optim.Optimizer):
         exchange: str = "allgather",
         sharded_topk: int = 0,
         lookahead: bool = False,
+        index_coding: str = "fixed",
     ):
         _check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
         if not isinstance(lookahead, bool):
@@ -111,6 +112,7 @@ class DeMo(LookaheadMixin, torch.optim.Optimizer):
         self.kernel_precision = kernel_precision
         self.exchange_timeout = exchange_timeout
         self.exchange, self.sharded_topk = exchange, sharded_topk
+        self.index_coding = index_coding  # "fixed" or "elias_fano" (flexdemo.wire.format)
         self._pending: StartedExchange | None = None  # overlap: the last step's exchange
         self._pending_lrs: list[float] = []
         self._waited_seconds = 0.0
@@ -154,6 +156,7 @@ class DeMo(LookaheadMixin, torch.optim.Optimizer):
             agree=self._settings(),
             exchange=self.exchange,
             sharded_topk=self.sharded_topk,
+            index_coding=self.index_coding,
         )
 
     def _settings(self) -> dict[str, str]:

@@ -52,6 +52,7 @@ from typing import Iterable
 
 import torch
 
+from flexdemo.wire.format import check_index_coding
 from flexdemo.compression.agreement import check_settings_agree, dense_settings, diloco_settings
 from flexdemo.compression.compressor import TopkCompressor
 from flexdemo.compression.exchange import (
@@ -103,9 +104,11 @@ class DiLoCo:
         max_consecutive_skips: int = 10,
         exchange: str = "allgather",
         sharded_topk: int = 0,
+        index_coding: str = "fixed",
     ):
         check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
                    topk, chunk, decay, state_device, max_consecutive_skips, nonfinite)
+        check_index_coding(index_coding)
         named = [(n, p) for n, p in named_params if p.requires_grad]
         self.sync_interval = sync_interval
         self.outer_lr, self.outer_momentum, self.nesterov = float(outer_lr), float(outer_momentum), nesterov
@@ -140,7 +143,8 @@ class DiLoCo:
             self.compressor = TopkCompressor([params], [chunk], [topk], value_encoding, replicate_group,
                                              fused=fused, kernel_precision=kernel_precision,
                                              timeout=exchange_timeout, who="DiLoCo", agree=agree,
-                                             exchange=exchange, sharded_topk=sharded_topk)
+                                             exchange=exchange, sharded_topk=sharded_topk,
+                                             index_coding=index_coding)
             self._member_entry = {id(e.param): e for e in self.entries}
         else:
             self.compressor = None

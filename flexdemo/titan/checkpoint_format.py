@@ -39,6 +39,8 @@ def format_tag(cfg) -> str:
         items.update(topk=cfg.topk, chunk=cfg.chunk, value_encoding=cfg.value_encoding, overlap=cfg.overlap)
         if cfg.overlap_lookahead:  # its state holds the common parameters (named only when on: older tags stand)
             items.update(lookahead=True)
+        if cfg.index_coding != "fixed":  # the bytes of an exchange in flight (overlap)
+            items.update(index_coding=cfg.index_coding)
     elif cfg.mode in ("diloco", "demo_diloco"):
         items.update(outer_momentum=cfg.outer_momentum > 0, outer_value_encoding=cfg.outer_value_encoding)
         if cfg.mode == "demo_diloco":

@@ -94,6 +94,7 @@ def build_flexdemo_optimizers(
         "nonfinite": cfg.nonfinite,
         "exchange": cfg.exchange,
         "sharded_topk": cfg.sharded_topk,
+        "index_coding": cfg.index_coding,
     }
     logger.info(
         f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
@@ -128,6 +129,7 @@ def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cf
         max_consecutive_skips=cfg.max_consecutive_skips,
         exchange=cfg.exchange,
         sharded_topk=cfg.sharded_topk,
+        index_coding=cfg.index_coding,
     )
     cls, kwargs = adam_class_and_kwargs(optimizer_config, cfg.mode)
     compression = (

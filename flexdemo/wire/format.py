@@ -2,8 +2,12 @@
 
 A bit stream of ``B`` blocks with ``k`` kept coefficients each is ``[indices | values]``:
 
-* indices: ``B * k`` ints of ``bits_for(n1 * n2)`` bits each (12 for 64x64 blocks, 6 for
-  64-element 1-D chunks), packed LSB first with no padding between them;
+* indices, by ``index_coding``:
+    - ``"fixed"``: ``B * k`` ints of ``bits_for(n1 * n2)`` bits each (12 for 64x64 blocks, 6 for
+      64-element 1-D chunks), packed LSB first with no padding between them;
+    - ``"elias_fano"``: each block's positions sorted, Elias-Fano coded
+      (:mod:`flexdemo.wire.elias_fano`: 9 bits a position at k = 32 of 4096), the same values
+      in that order; a block's non-voters come last, at position ``n - 1``;
 * values, by ``encoding``:
     - ``"fp32"``: 4 bytes each, exact (the DeMo reference's update, bit for bit);
     - ``"bf16"``: 2 bytes each, rounded to nearest;
@@ -34,13 +38,16 @@ import torch
 
 from flexdemo.wire.bitpack import bits_for, packed_nbytes
 from flexdemo.wire.dct import BlockLayout
+from flexdemo.wire.elias_fano import positions_nbytes
 
 ValueEncoding = Literal["fp32", "bf16", "sign", "scaled_sign"]
 VALUE_ENCODINGS: tuple[str, ...] = get_args(ValueEncoding)
+IndexCoding = Literal["fixed", "elias_fano"]
+INDEX_CODINGS: tuple[str, ...] = get_args(IndexCoding)
 SCALE_NBYTES = 4  # one fp32 scale per block (scaled_sign)
 # The payload format's version: part of the replicas' start-up agreement, so ranks that would
 # read each other's bytes differently refuse to start. Bump it with any change to the bytes.
-WIRE_FORMAT_VERSION = 3
+WIRE_FORMAT_VERSION = 4
 # Each replica's payload ends with one flag byte: 1 = it saw a non-finite value (every replica
 # then skips, or stops, alike).
 FLAG_BYTES = 1
@@ -57,6 +64,19 @@ def means_encoding(encoding: str) -> str:
 def check_encoding(encoding: str) -> None:
     if encoding not in VALUE_ENCODINGS:
         raise ValueError(f"unknown value_encoding {encoding!r}; expected one of {VALUE_ENCODINGS}")
+
+
+def check_index_coding(coding: str) -> None:
+    if coding not in INDEX_CODINGS:
+        raise ValueError(f"unknown index_coding {coding!r}; expected one of {INDEX_CODINGS}")
+
+
+def index_nbytes(num_blocks: int, k: int, block_numel: int, coding: str = "fixed") -> int:
+    """Bytes of the index part for ``num_blocks`` blocks of ``k`` kept positions each."""
+    check_index_coding(coding)
+    if coding == "elias_fano":
+        return positions_nbytes(num_blocks, k, block_numel)
+    return packed_nbytes(num_blocks * k, bits_for(block_numel))
 
 
 def clamp_topk(topk: int, block_numel: int) -> int:
@@ -87,13 +107,14 @@ def voter_counts(vals: torch.Tensor) -> torch.Tensor:
     return (vals != 0).sum(dim=-1)
 
 
-def coefficients_nbytes(num_blocks: int, k: int, block_numel: int, encoding: str) -> int:
+def coefficients_nbytes(num_blocks: int, k: int, block_numel: int, encoding: str, index_coding: str = "fixed") -> int:
     """Bytes of one bit stream of ``num_blocks`` blocks (``block_numel`` each) keeping ``k`` each."""
     if num_blocks * k == 0:
         return 0
-    return packed_nbytes(num_blocks * k, bits_for(block_numel)) + value_nbytes(num_blocks, k, encoding)
+    return index_nbytes(num_blocks, k, block_numel, index_coding) + value_nbytes(num_blocks, k, encoding)
 
 
-def payload_nbytes(layout: BlockLayout, topk: int, encoding: str) -> int:
+def payload_nbytes(layout: BlockLayout, topk: int, encoding: str, index_coding: str = "fixed") -> int:
     """Bytes one rank sends for one tensor (0 for an empty local shard)."""
-    return coefficients_nbytes(layout.num_blocks, clamp_topk(topk, layout.block_numel), layout.block_numel, encoding)
+    return coefficients_nbytes(layout.num_blocks, clamp_topk(topk, layout.block_numel), layout.block_numel, encoding,
+                               index_coding)
