@@ -84,6 +84,8 @@ class ReferenceDeMo:
             val = torch.gather(coeffs, -1, idx)
             if self.encoding == "bf16":
                 val = val.to(torch.bfloat16).to(p.dtype)
+            elif self.encoding == "two_bit":
+                val = reference_two_levels(val)
             elif self.encoding == "scaled_sign":  # every kept value becomes +-(mean |kept non-zero|) of its block
                 voters = (val != 0).sum(-1, keepdim=True).clamp_min(1)
                 val = torch.sign(val) * val.abs().sum(-1, keepdim=True) / voters
@@ -91,8 +93,8 @@ class ReferenceDeMo:
             delta.sub_(self._decode(own, p.shape, ns, inv))
             if self.encoding == "sign":
                 val = torch.sign(val)
-            own = mean_of_votes(idx, val, coeffs.shape[-1]).reshape(coeffs.shape)
-            self.last_own_decoded.append(self._decode(own, p.shape, ns, inv))
+            own_votes = mean_of_votes(idx, val, coeffs.shape[-1]).reshape(coeffs.shape)
+            self.last_own_decoded.append(self._decode(own_votes, p.shape, ns, inv))
             all_idx = [torch.empty_like(idx) for _ in range(world)]
             all_val = [torch.empty_like(val) for _ in range(world)]
             dist.all_gather(all_idx, idx, group=self.group)
@@ -107,6 +109,25 @@ class ReferenceDeMo:
             self.last_decoded.append(decoded)
             if apply:
                 p.sub_(self.lr * decoded.sign())
+
+
+def reference_two_levels(val):
+    """Per block row, written as a loop: its non-zero values split at their mean magnitude; each
+    becomes (its sign) x (the mean magnitude of its side); zeros stay zero."""
+    flat = val.reshape(-1, val.shape[-1])
+    out = torch.zeros_like(flat)
+    for row in range(flat.shape[0]):
+        mags = [abs(v) for v in flat[row].tolist() if v != 0]
+        if not mags:
+            continue
+        mean = sum(mags) / len(mags)
+        high = [m for m in mags if m >= mean]
+        low = [m for m in mags if m < mean]
+        levels = (sum(low) / len(low) if low else 0.0, sum(high) / len(high))
+        for j, v in enumerate(flat[row].tolist()):
+            if v != 0:
+                out[row, j] = (1.0 if v > 0 else -1.0) * levels[abs(v) >= mean]
+    return out.reshape(val.shape)
 
 
 def mean_of_votes(idx, val, n):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from reference_demo import ReferenceDeMo, recompress_mean
+from reference_demo import ReferenceDeMo, recompress_mean, reference_two_levels
 
 
 class ReferenceDiLoCo:
@@ -52,6 +52,8 @@ class ReferenceDiLoCo:
         val = torch.gather(coeffs, -1, idx)
         if self.encoding == "bf16":
             val = val.to(torch.bfloat16).to(p.dtype)
+        elif self.encoding == "two_bit":
+            val = reference_two_levels(val)
         elif self.encoding == "scaled_sign":
             magnitude = val.abs().sum(-1, keepdim=True) / k
             val = torch.where(val < 0, -magnitude, magnitude)

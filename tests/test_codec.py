@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from flexdemo.compression.codec import (
-    compress, mean_of_selected, pack_payload, scaled_signs, select_topk, unpack_payload,
+    compress, mean_of_selected, pack_payload, scaled_signs, select_topk, two_levels, unpack_payload,
 )
 from flexdemo.wire.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
 from flexdemo.wire.dct import block_layout, blocks_dct, blocks_idct
@@ -36,7 +36,7 @@ def test_pack_extremes_and_batched_unpack():
     assert torch.equal(out[0], values) and torch.equal(out[1], values.flip(0))
 
 
-@pytest.mark.parametrize("encoding", ["fp32", "bf16", "sign", "scaled_sign"])
+@pytest.mark.parametrize("encoding", ["fp32", "bf16", "sign", "scaled_sign", "two_bit"])
 @pytest.mark.parametrize("shape,topk", [((128, 64), 32), ((96, 130), 8), ((7,), 32), ((3, 64, 48), 5), ((), 4)])
 def test_payload_round_trip_and_size(encoding, shape, topk):
     torch.manual_seed(0)
@@ -44,13 +44,14 @@ def test_payload_round_trip_and_size(encoding, shape, topk):
     layout = block_layout(x.shape, 64)
     k = min(topk, layout.block_numel)
     idx, vals = select_topk(blocks_dct(x, layout), k)
-    sent = scaled_signs(vals) if encoding == "scaled_sign" else vals
+    sent = {"scaled_sign": scaled_signs, "two_bit": two_levels}.get(encoding, lambda v: v)(vals)
     payload = pack_payload(idx, sent, layout.block_numel, encoding)
     count = layout.num_blocks * k
     counts = math.ceil(layout.num_blocks * bits_for(k + 1) / 8)  # the 1-bit encodings' voter counts
     expected = math.ceil(count * bits_for(layout.block_numel) / 8) + {
         "fp32": 4 * count, "bf16": 2 * count, "sign": math.ceil(count / 8) + counts,
-        "scaled_sign": math.ceil(count / 8) + counts + 4 * layout.num_blocks}[encoding]
+        "scaled_sign": math.ceil(count / 8) + counts + 4 * layout.num_blocks,
+        "two_bit": 2 * math.ceil(count / 8) + counts + 8 * layout.num_blocks}[encoding]
     assert payload.numel() == payload_nbytes(layout, topk, encoding) == expected
     got_idx, got_vals = unpack_payload(payload.unsqueeze(0), layout.num_blocks, k, layout.block_numel, encoding,
                                        torch.float32)
@@ -63,6 +64,11 @@ def test_payload_round_trip_and_size(encoding, shape, topk):
         # sign of each kept value, times the mean magnitude of its block's kept values
         magnitude = vals.abs().sum(dim=1, keepdim=True) / k
         torch.testing.assert_close(got_vals[0], torch.where(vals < 0, -magnitude, magnitude), rtol=1e-6, atol=0)
+    elif encoding == "two_bit":
+        from reference_demo import reference_two_levels
+
+        torch.testing.assert_close(got_vals[0], reference_two_levels(vals), rtol=1e-6, atol=0)
+        assert got_vals[0].abs().unique().numel() <= 2 * layout.num_blocks  # two levels a block
     else:
         assert torch.equal(got_vals[0], torch.where(vals < 0, -1.0, 1.0))
 
@@ -75,7 +81,7 @@ def test_llama_block_payload_is_52_75_bytes_per_block_with_sign_values():
     assert payload_nbytes(layout, 32, "scaled_sign") == 4096 * (32 * 12 + 32 + 6) // 8 + 4096 * 4  # + fp32 scales
 
 
-@pytest.mark.parametrize("encoding", ["fp32", "bf16", "scaled_sign"])
+@pytest.mark.parametrize("encoding", ["fp32", "bf16", "scaled_sign", "two_bit"])
 def test_error_feedback_removes_exactly_what_receivers_decode(encoding):
     # For every encoding that carries magnitudes, acc_before - acc_after must be the inverse
     # DCT of what a receiver unpacks: nothing is lost and nothing is counted twice.

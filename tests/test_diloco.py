@@ -86,6 +86,7 @@ def test_dense_matches_reference_exactly(world, encoding):
 
 @pytest.mark.parametrize("world,encoding,momentum,nesterov", [
     (2, "fp32", 0.9, True), (4, "bf16", 0.9, False), (2, "scaled_sign", 0.0, False), (4, "scaled_sign", 0.9, True),
+    (2, "two_bit", 0.9, True),
 ])
 def test_topk_matches_reference_and_replicas_stay_identical(world, encoding, momentum, nesterov):
     kw = dict(outer_lr=0.7, outer_momentum=momentum, nesterov=nesterov, compression="topk",

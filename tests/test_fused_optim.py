@@ -101,6 +101,18 @@ def test_fused_path_with_elias_fano_indices_trains_as_with_fixed_ones(encoding):
     assert all(torch.equal(a, b) for a, b in zip(fixed, ef)) and ef_bytes < fixed_bytes
 
 
+def test_two_bit_values_take_the_torch_path():
+    # The kernels write fp32, bf16 and the 1-bit encodings; two_bit's levels are torch ops (a
+    # fused encode would take error feedback of the unquantized values instead).
+    from flexdemo import DeMo
+
+    params = _params()
+    opt = DeMo(params, lr=0.01, compression_topk=8, value_encoding="two_bit", fused=True)
+    assert not opt.compressor.uses_fused_kernels
+    _step(params, opt, 0)
+    assert opt.last_step_bytes_sent > 0
+
+
 def test_topk_above_the_kernels_limit_takes_the_torch_path():
     # The fused kernels' work grows with K (gathered basis products, replica-overlap counts):
     # past MAX_TOPK buckets use the torch path (and still train: the step below runs it).

@@ -49,7 +49,7 @@ def test_fp32_matches_reference_and_replicas_stay_identical(world):
         assert momentum_error < MOMENTUM_TOLERANCE, momentum_error
 
 
-@pytest.mark.parametrize("encoding", ["bf16", "sign", "scaled_sign"])
+@pytest.mark.parametrize("encoding", ["bf16", "sign", "scaled_sign", "two_bit"])
 def test_compressed_values_match_reference_with_weight_decay(encoding):
     results = run_ranks(_against_reference, 2, encoding, 20, 0.1)
     for mismatched, diverged, moved, momentum_error in results:

@@ -11,6 +11,10 @@ index 0 with value 0.0, a kept zero that casts no vote.
   (1.5 + 2.0) / 2 = 1.75 = 0x3FE00000 -> 00 00 E0 3F; 0.75 = 0x3F400000 -> 00 00 40 3F.
 - fp32 values, little endian: -1.5 = 0xBFC00000, 2.0 = 0x40000000, 0.75 = 0x3F400000, 0.0.
 - bf16 values: the top halves: C0 BF, 00 40, 40 3F, 00 00.
+- two_bit: the sign bits, then size bits (1 = the block's high level): block 0 splits at its
+  mean magnitude 1.75 into low 1.5 and high 2.0, block 1's one voter is high: 0, 1, 1, 0 ->
+  0x06; the voter counts 0x06; then (low, high) per block in fp32: 1.5 = 0x3FC00000, 2.0,
+  and 0.75, 0.75 (one level: both the same).
 Elias-Fano indices (index_coding = "elias_fano"), the same two blocks given in another slot
 order, [10, 3] and [0 (the kept zero), 5]: each block's voters sorted by position, then its
 non-voters at position 15: [3, 10] and [5, 15], values in that order (as above).
@@ -20,7 +24,7 @@ non-voters at position 15: [3, 10] and [5, 15], values in that order (as above).
   block 0: 0 + 0, 1 + 1 -> 1010; block 1: 0 + 0, 1 + 1 -> 1010; -> 0x55.
 - then the values exactly as in the fixed layout.
 These are format version 4 (version 3: the sharded exchange's owners send the means of 1-bit
-values as bf16; 4: Elias-Fano indices); a change to any of these bytes must bump WIRE_FORMAT_VERSION.
+values as bf16; 4: Elias-Fano indices and two_bit values); a change to any of these bytes must bump WIRE_FORMAT_VERSION.
 """
 
 import pytest
@@ -37,6 +41,8 @@ GOLDEN = {
     "scaled_sign": HEAD + [0x01, 0x06, 0x00, 0x00, 0xE0, 0x3F, 0x00, 0x00, 0x40, 0x3F],
     "fp32": HEAD + [0x00, 0x00, 0xC0, 0xBF, 0x00, 0x00, 0x00, 0x40, 0x00, 0x00, 0x40, 0x3F, 0x00, 0x00, 0x00, 0x00],
     "bf16": HEAD + [0xC0, 0xBF, 0x00, 0x40, 0x40, 0x3F, 0x00, 0x00],
+    "two_bit": HEAD + [0x01, 0x06, 0x06, 0x00, 0x00, 0xC0, 0x3F, 0x00, 0x00, 0x00, 0x40,
+                       0x00, 0x00, 0x40, 0x3F, 0x00, 0x00, 0x40, 0x3F],
 }
 # What a receiver reads back: the kept zero as index -1, value 0 (no vote).
 DECODED_IDX = [[3, 10], [5, -1]]
@@ -45,6 +51,7 @@ DECODED_VALS = {
     "scaled_sign": [[-1.75, 1.75], [0.75, 0.0]],
     "fp32": [[-1.5, 2.0], [0.75, 0.0]],
     "bf16": [[-1.5, 2.0], [0.75, 0.0]],
+    "two_bit": [[-1.5, 2.0], [0.75, 0.0]],
 }
 
 
@@ -55,7 +62,7 @@ def sent(encoding):
 def test_these_vectors_are_format_version_4():
     assert WIRE_FORMAT_VERSION == 4
     # the owners' means (sharded exchange) are the bf16 vectors below for 1-bit values
-    assert [means_encoding(e) for e in GOLDEN] == ["bf16", "bf16", "fp32", "bf16"]
+    assert [means_encoding(e) for e in GOLDEN] == ["bf16", "bf16", "fp32", "bf16", "bf16"]
 
 
 @pytest.mark.parametrize("encoding", list(GOLDEN))

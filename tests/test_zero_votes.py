@@ -15,12 +15,13 @@ from flexdemo.compression.codec import (
     pack_payload,
     scaled_signs,
     sent_values,
+    two_levels,
     unpack_payload,
 )
 from multiproc import run_ranks
-from reference_demo import ReferenceDeMo, differs_only_where_update_is_zero, mean_of_votes
+from reference_demo import ReferenceDeMo, differs_only_where_update_is_zero, mean_of_votes, reference_two_levels
 
-ENCODINGS = ["fp32", "bf16", "sign", "scaled_sign"]
+ENCODINGS = ["fp32", "bf16", "sign", "scaled_sign", "two_bit"]
 
 
 def _kept(seed, B=5, N=64, k=8):
@@ -44,6 +45,8 @@ def _as_received(vals, encoding):
     if encoding == "scaled_sign":
         voters = (vals != 0).sum(-1, keepdim=True).clamp_min(1)
         return torch.sign(vals) * vals.abs().sum(-1, keepdim=True) / voters
+    if encoding == "two_bit":
+        return reference_two_levels(vals)
     return vals
 
 
@@ -54,7 +57,7 @@ def test_decoded_mean_counts_only_non_zero_values(encoding, W):
     kept = [_kept(seed) for seed in range(W)]
     payloads = []
     for idx, vals in kept:
-        sent = scaled_signs(vals) if encoding == "scaled_sign" else vals
+        sent = {"scaled_sign": scaled_signs, "two_bit": two_levels}.get(encoding, lambda v: v)(vals)
         payloads.append(pack_payload(idx, sent, N, encoding))
     got_idx, got_vals = unpack_payload(torch.stack(payloads), 5, k, N, encoding, torch.float32)
     got = mean_of_selected(got_idx, got_vals, N)
@@ -71,7 +74,7 @@ def test_decoded_mean_counts_only_non_zero_values(encoding, W):
 def test_error_feedback_removes_nothing_for_a_zero():
     vals = torch.tensor([[0.0, -0.0, 1.5]])
     for encoding in ENCODINGS:
-        sent = scaled_signs(vals) if encoding == "scaled_sign" else vals
+        sent = {"scaled_sign": scaled_signs, "two_bit": two_levels}.get(encoding, lambda v: v)(vals)
         assert sent_values(sent, encoding)[0, :2].tolist() == [0.0, 0.0]
 
 

@@ -18,7 +18,7 @@ import torch
 from flexdemo.wire.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
 from flexdemo.wire.dct import BlockLayout, blocks_dct, blocks_idct
 from flexdemo.wire.elias_fano import pack_positions, unpack_positions
-from flexdemo.wire.format import check_index_coding, count_bits, index_nbytes, voter_counts
+from flexdemo.wire.format import ONE_BIT_ENCODINGS, check_index_coding, count_bits, index_nbytes, voter_counts
 
 
 def select_topk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,11 +50,25 @@ def scaled_signs(vals: torch.Tensor) -> torch.Tensor:
     return torch.where(vals == 0, 0.0, torch.where(torch.signbit(vals), -magnitude, magnitude)).to(vals.dtype)
 
 
+def two_levels(vals: torch.Tensor) -> torch.Tensor:
+    """``[B, k]`` kept values -> each replaced by its block's low or high level (``two_bit``): the
+    block's voters split at their mean magnitude, each level the mean magnitude of its side; the
+    sign kept, zeros stay zero (no vote)."""
+    voters = vals != 0
+    mag = vals.abs()
+    mean = mag.sum(-1, keepdim=True) / voters.sum(-1, keepdim=True).clamp_min(1)
+    high = voters & (mag >= mean)
+    low = voters & ~high
+    hi = torch.where(high, mag, 0.0).sum(-1, keepdim=True) / high.sum(-1, keepdim=True).clamp_min(1)
+    lo = torch.where(low, mag, 0.0).sum(-1, keepdim=True) / low.sum(-1, keepdim=True).clamp_min(1)
+    return torch.where(voters, torch.copysign(torch.where(high, hi, lo), vals), 0.0).to(vals.dtype)
+
+
 def sent_values(vals: torch.Tensor, encoding: str) -> torch.Tensor:
     """What error feedback removes from the accumulator for the values we send.
 
     fp32 sends values exactly and bf16 rounds them, so the rounding error stays in the
-    accumulator; scaled_sign values are already what the receivers decode. A bare sign bit has
+    accumulator; scaled_sign and two_bit values are already what the receivers decode. A bare sign bit has
     no magnitude on the accumulator's scale: with ``"sign"`` each selected coefficient leaves
     the accumulator *in full* (as in the DeMo reference), although only its sign was sent.
     A zero value removes nothing, whatever the encoding.
@@ -71,6 +85,8 @@ def compress(acc: torch.Tensor, layout: BlockLayout, k: int, encoding: str) -> t
     idx, vals = select_topk(coeffs, k)
     if encoding == "scaled_sign":
         vals = scaled_signs(vals)
+    elif encoding == "two_bit":
+        vals = two_levels(vals)
     sent = torch.zeros_like(coeffs).scatter_(1, idx, sent_values(vals, encoding))
     acc.sub_(blocks_idct(sent, layout))
     return idx, vals
@@ -87,7 +103,7 @@ def pack_payload(idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encodi
         idx, vals = voters_by_position(idx, vals.reshape(idx.shape), block_numel)
         packed_idx = pack_positions(idx, block_numel)
     else:
-        if encoding in ("sign", "scaled_sign"):
+        if encoding in ONE_BIT_ENCODINGS:
             idx, vals = voters_first(idx, vals.reshape(idx.shape))
         packed_idx = pack_uint(idx, bits_for(block_numel))
     flat = vals.reshape(-1)
@@ -102,6 +118,12 @@ def pack_payload(idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encodi
         if encoding == "scaled_sign":  # every voter of a block has its magnitude; slot 0 votes if any does
             scales = vals.reshape(idx.shape)[:, 0].abs().to(torch.float32).contiguous()
             parts.append(scales.view(torch.uint8))
+        elif encoding == "two_bit":  # a size bit per value, then each block's (low, high) levels
+            mag = vals.reshape(idx.shape).abs().to(torch.float32)
+            hi = mag.max(-1).values
+            lo = torch.where(mag > 0, mag, hi.unsqueeze(-1)).min(-1).values  # hi where a block has one level
+            parts.insert(1, pack_uint((mag == hi.unsqueeze(-1)).reshape(-1).to(torch.uint8), 1))
+            parts.append(torch.stack([lo, hi], dim=-1).contiguous().view(torch.uint8).reshape(-1))
         packed_vals = torch.cat(parts)
     return torch.cat([packed_idx, packed_vals])
 
@@ -129,11 +151,18 @@ def unpack_payload(
         count_bytes = packed_nbytes(num_blocks, count_bits(k))
         negative = unpack_uint(raw[:, :sign_bytes], 1, count)
         vals = (1 - 2 * negative).to(dtype).reshape(W, num_blocks, k)
-        voters = unpack_uint(raw[:, sign_bytes:sign_bytes + count_bytes], count_bits(k), num_blocks)
+        at = sign_bytes
+        if encoding == "two_bit":  # the size bits sit between the signs and the counts
+            high = unpack_uint(raw[:, at:at + sign_bytes], 1, count).reshape(W, num_blocks, k)
+            at += sign_bytes
+        voters = unpack_uint(raw[:, at:at + count_bytes], count_bits(k), num_blocks)
         votes = torch.arange(k, device=payload.device) < voters.reshape(W, num_blocks, 1)
+        scales = raw[:, at + count_bytes:].reshape(-1).clone().view(torch.float32).to(dtype)
         if encoding == "scaled_sign":
-            scales = raw[:, sign_bytes + count_bytes:].reshape(-1).clone().view(torch.float32).to(dtype)
             vals = vals * scales.reshape(W, num_blocks, 1)
+        elif encoding == "two_bit":
+            levels = scales.reshape(W, num_blocks, 2)  # (low, high)
+            vals = vals * torch.where(high == 1, levels[..., 1:], levels[..., :1])
         vals = torch.where(votes, vals, 0.0).to(dtype)
     vals = vals.reshape(W, num_blocks, k)
     return torch.where(vals != 0, idx, -1), vals

@@ -25,6 +25,10 @@ from flexdemo.local import local_tensor
 from flexdemo.wire.dct import BlockLayout
 
 
+# The value encodings the Triton kernels write (two_bit's levels are torch ops only).
+FUSED_ENCODINGS = ("fp32", "bf16", "sign", "scaled_sign")
+
+
 class TorchPath:
     """Torch ops, on any device and dtype."""
 
@@ -117,7 +121,7 @@ def choose_path(bucket, fused: bool, encoding: str, precision: str, k_read: int 
     ``k_read``: coefficients per block the decode reads, if not the bucket's top-k (the sharded
     exchange's means)."""
     k = max(bucket.k, k_read or 0)
-    fits = fused and all(
+    fits = fused and encoding in FUSED_ENCODINGS and all(
         fused_supported(m.layout, local_tensor(m.param).device, m.param.dtype, k)
         and local_tensor(m.param).is_contiguous()
         for m in bucket.members

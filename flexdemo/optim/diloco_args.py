@@ -10,7 +10,7 @@ import torch
 
 Compression = Literal["dense", "topk"]
 DenseEncoding = Literal["fp32", "bf16"]  # the dense outer exchange's wire dtype
-TopkEncoding = Literal["fp32", "bf16", "scaled_sign"]  # values of the compressed outer exchange
+TopkEncoding = Literal["fp32", "bf16", "scaled_sign", "two_bit"]  # values of the compressed outer exchange
 StateDevice = Literal["device", "cpu"]
 COMPRESSIONS, STATE_DEVICES = get_args(Compression), get_args(StateDevice)
 DENSE_ENCODINGS, TOPK_ENCODINGS = get_args(DenseEncoding), get_args(TopkEncoding)

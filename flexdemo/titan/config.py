@@ -68,8 +68,10 @@ class FlexDemo:
     """Momentum decay (beta) of the DeMo momentum."""
 
     value_encoding: ValueEncoding = "sign"
-    """How kept coefficient values travel: "fp32", "bf16", "sign" (1 bit) or "scaled_sign"
-    (1 bit + one scale per block)."""
+    """How kept coefficient values travel: "fp32", "bf16", "sign" (1 bit), "scaled_sign" (1 bit +
+    one scale per block) or "two_bit" (a sign and a size bit + two levels per block). The last
+    two keep what their quantization drops in the momentum (error feedback); two_bit runs on the
+    torch path (no fused kernels)."""
 
     weight_decay: float = 0.0
     """Decoupled weight decay used by DeMo (the [optimizer] weight_decay is for mode "off")."""
@@ -163,7 +165,8 @@ class FlexDemo:
 
     outer_value_encoding: TopkEncoding = "fp32"
     """DiLoCo modes: the outer exchange's values: "fp32" or "bf16" (diloco: the dense wire dtype;
-    demo_diloco: the kept coefficients), or "scaled_sign" (demo_diloco: 1 bit + a scale per block)."""
+    demo_diloco: the kept coefficients), "scaled_sign" (demo_diloco: 1 bit + a scale per block) or
+    "two_bit" (demo_diloco: a sign and a size bit + two levels per block)."""
 
     outer_topk: int = 32
     """demo_diloco: coefficients kept per DCT block of the outer error-feedback buffer."""

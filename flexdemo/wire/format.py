@@ -16,7 +16,10 @@ A bit stream of ``B`` blocks with ``k`` kept coefficients each is ``[indices | v
     - ``"scaled_sign"``: 1 bit each, then the voter counts, then one fp32 scale per block
       (the mean magnitude of the block's non-zero kept coefficients), decoded as -scale /
       +scale: the size of what is sent survives, for updates that are not sign-normalised
-      (the DiLoCo outer step).
+      (the DiLoCo outer step);
+    - ``"two_bit"``: a sign bit each, then a size bit each (1 = the block's high level), the
+      voter counts, then two fp32 levels per block (low, high): a block's voters split at their
+      mean magnitude, each level the mean magnitude of its side (2 bits a value, as SparseLoCo).
 
 Zero casts no vote: each block's kept coefficients travel voters (non-zero values) first; with
 fp32/bf16 values a zero value marks a non-voter, with 1-bit values the block's voter count does.
@@ -40,11 +43,12 @@ from flexdemo.wire.bitpack import bits_for, packed_nbytes
 from flexdemo.wire.dct import BlockLayout
 from flexdemo.wire.elias_fano import positions_nbytes
 
-ValueEncoding = Literal["fp32", "bf16", "sign", "scaled_sign"]
+ValueEncoding = Literal["fp32", "bf16", "sign", "scaled_sign", "two_bit"]
 VALUE_ENCODINGS: tuple[str, ...] = get_args(ValueEncoding)
 IndexCoding = Literal["fixed", "elias_fano"]
 INDEX_CODINGS: tuple[str, ...] = get_args(IndexCoding)
-SCALE_NBYTES = 4  # one fp32 scale per block (scaled_sign)
+SCALE_NBYTES = 4  # one fp32 scale per block (scaled_sign; two of them: two_bit)
+ONE_BIT_ENCODINGS = ("sign", "scaled_sign", "two_bit")  # values sent voters first, with voter counts
 # The payload format's version: part of the replicas' start-up agreement, so ranks that would
 # read each other's bytes differently refuse to start. Bump it with any change to the bytes.
 WIRE_FORMAT_VERSION = 4
@@ -94,6 +98,8 @@ def value_nbytes(num_blocks: int, k: int, encoding: str) -> int:
     votes = packed_nbytes(count, 1) + packed_nbytes(num_blocks, count_bits(k))
     if encoding == "sign":
         return votes
+    if encoding == "two_bit":
+        return votes + packed_nbytes(count, 1) + 2 * SCALE_NBYTES * num_blocks
     return votes + SCALE_NBYTES * num_blocks
 
 
