@@ -59,6 +59,9 @@ CONFIGS = {  # method -> (config per device, extra flags)
     "flexdemo": ({"gpu": "gpu_2gpu_flexdemo", "cpu": "cpu_2x2_flexdemo"}, []),
     "flexdemo_sharded": ({"gpu": "gpu_2gpu_flexdemo", "cpu": "cpu_2x2_flexdemo"}, ["--flexdemo.exchange", "sharded"]),
     "flexdemo_overlap": ({"gpu": "gpu_2gpu_flexdemo", "cpu": "cpu_2x2_flexdemo"}, ["--flexdemo.overlap"]),
+    "flexdemo_lookahead": ({"gpu": "gpu_2gpu_flexdemo", "cpu": "cpu_2x2_flexdemo"},
+                           ["--flexdemo.overlap", "--flexdemo.overlap_lookahead"]),
+    "flexdemo_ef": ({"gpu": "gpu_2gpu_flexdemo", "cpu": "cpu_2x2_flexdemo"}, ["--flexdemo.index_coding", "elias_fano"]),
     "diloco": ({"gpu": "gpu_2gpu_diloco", "cpu": "cpu_2x2_diloco"}, []),
     "demo_diloco": ({"gpu": "gpu_2gpu_demo_diloco", "cpu": "cpu_2x2_demo_diloco"}, []),
 }
@@ -183,7 +186,8 @@ def collectives_per_step(method: str, sync_interval: int, log_freq: int, adamw_b
     one all_gather (overlap: still one, counted as not hidden; sharded: two all_to_alls); diloco: all_to_all + all_gather
     per sync, demo_diloco: one all_gather per sync; everyone: the logged loss's two all-reduces
     every log_freq steps."""
-    per = {"adamw": adamw_buckets + 1, "flexdemo": 1, "flexdemo_overlap": 1, "flexdemo_sharded": 2,
+    per = {"adamw": adamw_buckets + 1, "flexdemo": 1, "flexdemo_overlap": 1, "flexdemo_lookahead": 1,
+           "flexdemo_ef": 1, "flexdemo_sharded": 2,
            "diloco": 2 / sync_interval, "demo_diloco": 1 / sync_interval}[method]
     return per + 2 / log_freq
 
