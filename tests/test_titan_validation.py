@@ -130,3 +130,30 @@ def test_trainer_scores_the_same_batches_on_four_gloo_ranks(tmp_path, assets):
     assert run.returncode == 0, run.output[-3000:]
     losses = run.validation_losses(0)
     assert sorted(losses) == [1, 2, 4] and len(set(losses.values())) == 1, losses
+
+
+def test_consensus_validator_scores_the_common_parameters():
+    # overlap_lookahead: a real DeMo's consensus() around the wrapped validation; the validator
+    # sees the base, the live (look-ahead) parameters come back bit for bit after it.
+    from flexdemo import DeMo
+    from flexdemo.titan.validation import ConsensusValidator
+
+    params = [torch.randn(64, 64, generator=torch.Generator().manual_seed(0)).requires_grad_()]
+    opt = DeMo(params, lr=0.01, compression_topk=8, overlap=True, lookahead=True)
+    params[0].grad = torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
+    opt.step()
+    live = params[0].detach().clone()
+    base = opt.state[params[0]]["lookahead_base"].clone()
+    assert not torch.equal(live, base)  # a look-ahead is on
+
+    class Seen:
+        should_validate = staticmethod(lambda step: True)
+
+        def validate(self, model_parts, step):
+            self.params = params[0].detach().clone()
+            return "scored"
+
+    inner = Seen()
+    wrapped = ConsensusValidator(inner, opt.consensus)
+    assert wrapped.validate([], 1) == "scored" and wrapped.should_validate(1)
+    assert torch.equal(inner.params, base) and torch.equal(params[0].detach(), live)

@@ -98,7 +98,8 @@ def build_flexdemo_optimizers(
     }
     logger.info(
         f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
-        f"values={cfg.value_encoding}, overlap={cfg.overlap}{', lookahead' if cfg.overlap_lookahead else ''}, exchange={describe_exchange(cfg, cfg.topk)}) "
+        f"values={cfg.value_encoding}, overlap={cfg.overlap}{', lookahead' if cfg.overlap_lookahead else ''}, "
+        f"exchange={describe_exchange(cfg, cfg.topk)}) "
         f"over dp_replicate={parallel_dims.dp_replicate}"
     )
     return _container(model_parts, DeMo, kwargs, cfg, group, checkpoint, per_replica_state=True,
