@@ -10,7 +10,7 @@ import torch
 from flexdemo import DeMo
 from multiproc import run_ranks
 from reference_demo import ReferenceDeMo, agrees_then_realign, differs_only_where_update_is_zero
-from toy_problem import all_ranks_equal, backward_on, make_params
+from toy_problem import all_ranks_equal, backward_on, make_params, run_from
 
 LR, WD, DECAY, TOPK = 0.01, 0.1, 0.9, 8
 
@@ -72,28 +72,12 @@ def test_lookahead_matches_reference_and_bases_stay_identical(encoding):
 
 def _resume(rank, world):
     def run(steps, state=None):
-        params = make_params()
-        opt = _demo(params)
-        first = 0
-        if state is not None:
-            first, opt_sd, pending, values = state
-            with torch.no_grad():
-                for p, v in zip(params, values):
-                    p.copy_(v)
-            opt.load_state_dict(opt_sd)
-            opt.load_pending_state(pending)
-        for step in range(first, steps):
-            backward_on(params, 1000 * rank + step)
-            opt.step()
+        params, opt = run_from(_demo, steps, lambda ps, step: backward_on(ps, 1000 * rank + step), state)
         opt.finish_pending()  # the last update in, the look-ahead out
         return params, opt
 
     full, _ = run(8)
-    params = make_params()
-    opt = _demo(params)
-    for step in range(5):
-        backward_on(params, 1000 * rank + step)
-        opt.step()
+    params, opt = run_from(_demo, 5, lambda ps, step: backward_on(ps, 1000 * rank + step))
     # A checkpoint holds one replica's live parameters (DCP keeps one copy of equal keys):
     # replica 1 resumes from replica 0's, its own base and the exchange in flight.
     values = [p.detach().clone() for p in make_params(seed=rank)] if rank else [p.detach().clone() for p in params]

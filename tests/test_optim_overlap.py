@@ -7,7 +7,7 @@ import torch
 from flexdemo import DeMo
 from multiproc import run_ranks
 from reference_demo import ReferenceDeMo, agrees_then_realign
-from toy_problem import all_ranks_equal, backward_on, make_params
+from toy_problem import all_ranks_equal, backward_on, make_params, run_from
 
 KW = dict(lr=0.01, decay=0.9, topk=8, chunk=64, weight_decay=0.1)
 
@@ -59,20 +59,7 @@ def test_overlap_is_the_delayed_update_exactly():
 
 def _resume(rank, world):
     def run(steps, state=None):
-        params = make_params()
-        opt = _demo(params)
-        first = 0
-        if state is not None:
-            first, opt_sd, pending, values = state
-            with torch.no_grad():
-                for p, v in zip(params, values):
-                    p.copy_(v)
-            opt.load_state_dict(opt_sd)
-            opt.load_pending_state(pending)
-        for step in range(first, steps):
-            _grads(params, rank, step)
-            opt.step()
-        return params, opt
+        return run_from(_demo, steps, lambda params, step: _grads(params, rank, step), state)
 
     full, _ = run(8)
     half, opt = run(5)

@@ -46,3 +46,23 @@ def all_ranks_equal(tensors):
     out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(out, flat)
     return all(torch.equal(o, out[0]) for o in out)
+
+
+def run_from(build, steps, grads, state=None):
+    """Fresh toy parameters and ``build(params)``'s optimizer, run through step ``steps - 1`` with
+    ``grads(params, step)`` before each step; ``state = (first step, optimizer state dict, the
+    exchange in flight, parameter values)`` resumes from a checkpoint of those first."""
+    params = make_params()
+    opt = build(params)
+    first = 0
+    if state is not None:
+        first, opt_sd, pending, values = state
+        with torch.no_grad():
+            for p, v in zip(params, values):
+                p.copy_(v)
+        opt.load_state_dict(opt_sd)
+        opt.load_pending_state(pending)
+    for step in range(first, steps):
+        grads(params, step)
+        opt.step()
+    return params, opt
