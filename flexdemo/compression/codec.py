@@ -18,7 +18,7 @@ import torch
 from flexdemo.wire.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
 from flexdemo.wire.dct import BlockLayout, blocks_dct, blocks_idct
 from flexdemo.wire.elias_fano import pack_positions, unpack_positions
-from flexdemo.wire.format import ONE_BIT_ENCODINGS, check_index_coding, count_bits, index_nbytes, voter_counts
+from flexdemo.wire.format import COUNTED_ENCODINGS, check_index_coding, count_bits, index_nbytes, voter_counts
 
 
 def select_topk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +103,7 @@ def pack_payload(idx: torch.Tensor, vals: torch.Tensor, block_numel: int, encodi
         idx, vals = voters_by_position(idx, vals.reshape(idx.shape), block_numel)
         packed_idx = pack_positions(idx, block_numel)
     else:
-        if encoding in ONE_BIT_ENCODINGS:
+        if encoding in COUNTED_ENCODINGS:
             idx, vals = voters_first(idx, vals.reshape(idx.shape))
         packed_idx = pack_uint(idx, bits_for(block_numel))
     flat = vals.reshape(-1)

@@ -159,7 +159,6 @@ class TopkCompressor:
         self.encoding = encoding
         self.group = replicate_group
         entries = [[(t, tuple(local_tensor(t).shape), t.dtype) for t in ts] for ts in groups]
-        self.index_coding = index_coding
         self.buckets, coefficient_bytes = build_plan(entries, chunks, topks, encoding, index_coding)
         self.nbytes = coefficient_bytes + FLAG_BYTES  # the flag byte ends each payload
         self._index = {id(b): i for i, b in enumerate(self.buckets)}

@@ -52,7 +52,6 @@ from typing import Iterable
 
 import torch
 
-from flexdemo.wire.format import check_index_coding
 from flexdemo.compression.agreement import check_settings_agree, dense_settings, diloco_settings
 from flexdemo.compression.compressor import TopkCompressor
 from flexdemo.compression.exchange import (
@@ -74,6 +73,7 @@ from flexdemo.optim.nonfinite import (
     replicas_that_saw_it,
     reset_optimizer_state,
 )
+from flexdemo.wire.format import check_index_coding
 
 DENSE_BUCKET_ELEMENTS = 1 << 26  # 256 MiB of fp32 pseudo-gradient per dense exchange
 

@@ -48,7 +48,7 @@ VALUE_ENCODINGS: tuple[str, ...] = get_args(ValueEncoding)
 IndexCoding = Literal["fixed", "elias_fano"]
 INDEX_CODINGS: tuple[str, ...] = get_args(IndexCoding)
 SCALE_NBYTES = 4  # one fp32 scale per block (scaled_sign; two of them: two_bit)
-ONE_BIT_ENCODINGS = ("sign", "scaled_sign", "two_bit")  # values sent voters first, with voter counts
+COUNTED_ENCODINGS = ("sign", "scaled_sign", "two_bit")  # values sent voters first, with a voter count per block
 # The payload format's version: part of the replicas' start-up agreement, so ranks that would
 # read each other's bytes differently refuse to start. Bump it with any change to the bytes.
 WIRE_FORMAT_VERSION = 4
