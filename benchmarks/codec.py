@@ -26,7 +26,7 @@ from common import add_tensor_set_args, emit, llama3_8b_shapes, print_profile, s
 
 from flexdemo.compression import TopkCompressor
 from flexdemo.wire.dct import block_layout
-from flexdemo.wire.format import payload_nbytes
+from flexdemo.wire.format import INDEX_CODINGS, VALUE_ENCODINGS, payload_nbytes
 
 @torch.no_grad()
 def bench(args) -> dict:
@@ -38,7 +38,8 @@ def bench(args) -> dict:
     for p in params:
         p.grad = torch.randn_like(p)
     # The optimizer's own compression path (what DeMo.step runs), with a random momentum.
-    comp = TopkCompressor([params], [args.chunk], [args.topk], args.encoding, None, fused=args.path == "fused")
+    comp = TopkCompressor([params], [args.chunk], [args.topk], args.encoding, None, fused=args.path == "fused",
+                          index_coding=args.index_coding)
     buckets = comp.buckets
     delta_of = {id(p): torch.randn_like(p) for p in params}
     deltas = list(delta_of.values())
@@ -69,9 +70,10 @@ def bench(args) -> dict:
 
     full_numel = sum(torch.Size(shard_shape(s, args.shards)).numel() for s in full_shapes)
     payload = {
-        enc: sum(payload_nbytes(block_layout(shard_shape(s, args.shards), args.chunk), args.topk, enc)
+        enc: sum(payload_nbytes(block_layout(shard_shape(s, args.shards), args.chunk), args.topk, enc,
+                                args.index_coding)
                  for s in full_shapes)
-        for enc in ("sign", "scaled_sign", "bf16", "fp32")
+        for enc in VALUE_ENCODINGS
     }
     W = args.replicas
     allreduce_bf16 = 2 * (W - 1) / W * 2 * full_numel  # bytes each rank sends in a ring all-reduce
@@ -87,6 +89,7 @@ def bench(args) -> dict:
         "topk": args.topk,
         "chunk": args.chunk,
         "encoding": args.encoding,
+        "index_coding": args.index_coding,
         "path": args.path,
         "fused_buckets": sum(b.fused for b in buckets),
         "buckets": len(buckets),
@@ -119,6 +122,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_tensor_set_args(ap, "cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--path", default="torch", choices=["torch", "fused"], help="optimizer path to time")
+    ap.add_argument("--index-coding", default="fixed", choices=list(INDEX_CODINGS))
     ap.add_argument("--tf32", action="store_true", help="allow TF32 matmuls for the DCT (CUDA)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = args.tf32

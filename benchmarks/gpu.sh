@@ -46,6 +46,9 @@ codec)
   for enc in sign scaled_sign bf16 fp32; do
     "${B[@]}" --path fused --encoding "$enc" --json "$R/codec_fused_$enc.json" > /dev/null
   done
+  # two_bit runs on the torch path inside a fused optimizer; Elias-Fano indices between the kernels
+  "${B[@]}" --path fused --encoding two_bit --json "$R/codec_fused_two_bit.json" > /dev/null
+  "${B[@]}" --path fused --encoding sign --index-coding elias_fano --json "$R/codec_fused_sign_ef.json" > /dev/null
   python3 benchmarks/kernels.py --device cuda --layers 32 --embeddings --iters 5 --json "$R/kernels.json" \
     > "$R/kernels.txt" 2>&1
   python3 benchmarks/codec.py --summarize "$R"
