@@ -6,6 +6,12 @@ CSV summaries kept in docs/results/ (written from such logs by --extract).
   python3 benchmarks/plot.py --extract outputs/runs/runs.csv outputs/runs/*.log [NAME=LOG ...]
   python3 benchmarks/plot.py --csv docs/results/1b_convergence/runs.csv --runs adamw,flexdemo --out DIR
   python3 benchmarks/plot.py --shaped docs/results/link_small_1gbit --out docs/plots/link_small_1gbit
+  python3 benchmarks/plot.py --frontier docs/results/recipe_small/runs.csv --out docs/plots/recipe_small
+
+--frontier draws one point per run of a CSV (its last held-out loss against the bytes it received
+in total, log scale) and prints the same as a markdown table, each run's loss and bytes set
+against those of the baseline run (--baseline, default "adamw") of its seed (runs named
+NAME_sSEED, as benchmarks/recipe.sh names them).
 
 Validation losses (torchtitan's validator: the same held-out tokens for every method) are the
 lines; where a run has none, its training-batch losses are plotted instead, labelled so.  Bytes
@@ -149,6 +155,50 @@ def plot(all_series: list[Series], out_dir: Path, title: str = "") -> list[Path]
     return written
 
 
+def _seed(name: str) -> str:
+    return name.rsplit("_s", 1)[1] if "_s" in name else ""
+
+
+def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str = "") -> tuple[Path, str]:
+    """Last held-out loss vs total bytes per run (a PNG), and the markdown table of the same."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = {}
+    for name, run in runs.items():
+        last = max(run.validation)
+        totals = {s: x.received_total for s, x in run.exchange.items()}
+        points[name] = (run.validation[last], _at(totals, last), last)
+    is_base = {n for n in points if n.split("_")[0] == baseline}
+    base = {_seed(n): points[n] for n in is_base}
+    lines = [f"| run | held-out loss @{max(p[2] for p in points.values())} | vs {baseline} (same seed) "
+             f"| bytes received per rank | {baseline}'s bytes / it |", "|---|---:|---:|---:|---:|"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, (loss, nbytes, _) in points.items():
+        ref = base.get(_seed(name))
+        rel = f"{100 * (loss / ref[0] - 1):+.1f}%" if ref else "-"
+        ratio = f"{ref[1] / nbytes:,.0f}x" if ref and nbytes else "-"
+        lines.append(f"| {name} | {loss:.4f} | {rel} | {nbytes:,.0f} | {ratio} |")
+        if name in is_base:
+            ax.axhline(loss, ls="--", lw=0.8, color="gray")
+        elif nbytes:
+            ax.scatter([nbytes], [loss], s=12)
+            ax.annotate(name, (nbytes, loss), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes received per rank over the replica dimension, whole run")
+    ax.set_ylabel("last held-out loss")
+    ax.set_title(title or f"final held-out loss vs bytes ({baseline}, one line per seed: dashed)", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "loss_vs_bytes_final.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path, "\n".join(lines)
+
+
 def shaped_link_series(folder: Path) -> list[Series]:
     """The methods of a benchmarks/shaped_link.py folder, wall time with its latency model added
     (results.json): each validation's measured time + steps x collectives per step x RTT; a
@@ -197,9 +247,17 @@ def main() -> int:
     ap.add_argument("--runs", default="", help="with --csv: the runs to plot, comma-separated (default: all)")
     ap.add_argument("--extract", default=None, metavar="CSV",
                     help="write the logs' per-step summary to this CSV instead of plotting")
+    ap.add_argument("--frontier", default=None, metavar="CSV",
+                    help="one point per run of this CSV: last held-out loss vs total bytes, and a table")
+    ap.add_argument("--baseline", default="adamw", help="with --frontier: the baseline runs' name")
     ap.add_argument("--out", default="outputs/plots")
     ap.add_argument("--title", default="")
     args = ap.parse_args()
+    if args.frontier:
+        path, table = frontier(read_csv(Path(args.frontier)), Path(args.out), args.baseline, args.title)
+        print(table)
+        print(path)
+        return 0
     if sum(map(bool, (args.logs, args.shaped, args.csv))) != 1:
         ap.error("give exactly one of: logs, --shaped FOLDER, --csv FILE")
     if args.extract:

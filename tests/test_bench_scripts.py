@@ -293,3 +293,24 @@ def test_shaped_link_puts_one_replica_on_each_of_n_nodes():
     assert (env["NNODES"], env["NODE_RANK"], env["NPROC"], env["CUDA_VISIBLE_DEVICES"]) == ("4", "3", "1", "3")
     assert env["MASTER_ADDR"] == shaped_link.node_addr(0) != env["LOCAL_ADDR"] == shaped_link.node_addr(3)
     assert shaped_link.collectives_per_step("flexdemo_sharded", 32, 10, 4) == 2 + 2 / 10
+
+
+def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
+    pytest.importorskip("matplotlib")
+    fields = plot.FIELDS
+    rows = [  # run, last validated step's loss, bytes received in total by then
+        ("adamw_s1", 3.0, 1_000_000), ("adamw_s2", 4.0, 1_000_000),
+        ("k8_s1", 3.3, 1_000), ("k8_s2", 3.0, 2_000), ("k8_1b_s2", 2.0, 500)]
+    with open(tmp_path / "runs.csv", "w") as f:
+        f.write(",".join(fields) + "\n")
+        for name, loss, nbytes in rows:
+            f.write(f"{name},5,,,9.0,,,,,{nbytes // 2},0\n")  # an earlier validation, half the bytes
+            f.write(f"{name},10,,,{loss},,,,,{nbytes},0\n")
+    path, table = plot.frontier(plot.read_csv(tmp_path / "runs.csv"), tmp_path / "out", "adamw")
+    assert path.is_file()
+    lines = {row.split(" | ")[0].strip("| "): row.split(" | ")[1:] for row in table.splitlines()[2:]}
+    # k8_s1 against adamw_s1: 3.3 / 3.0 = +10%, 1e6 / 1e3 bytes; k8_s2 against adamw_s2.
+    assert lines["k8_s1"] == ["3.3000", "+10.0%", "1,000", "1,000x |"]
+    assert lines["k8_s2"] == ["3.0000", "-25.0%", "2,000", "500x |"]
+    assert lines["k8_1b_s2"] == ["2.0000", "-50.0%", "500", "2,000x |"]
+    assert lines["adamw_s2"][1] == "+0.0%"
