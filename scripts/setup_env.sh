@@ -12,4 +12,4 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q "torch==2.13.0"
   fi
 fi
-"$PY" -m pip install -q -e ".[test]"
+"$PY" -m pip install -q -e ".[test,ft]"

@@ -40,6 +40,7 @@ from flexdemo.compression.exchange import (
     distributed,
     gather_payloads,
     group_size,
+    is_elastic,
     wait_for,
 )
 from flexdemo.compression.paths import choose_path
@@ -165,6 +166,9 @@ class TopkCompressor:
         # "sharded": owners aggregate and re-compress (compression.sharded); one replica: nothing to shard.
         world = group_size(replicate_group)
         self.sharded = None
+        if exchange == "sharded" and is_elastic(replicate_group):
+            raise ValueError("exchange = \"sharded\" runs all_to_all collectives, which torchft's elastic "
+                             "replica group does not offer; use exchange = \"allgather\" with fault tolerance")
         if exchange == "sharded" and world > 1:
             self.sharded = ShardedExchange(self.buckets, encoding, sharded_topk, world,
                                            dist.get_rank(replicate_group))
@@ -177,11 +181,19 @@ class TopkCompressor:
         self.device = local_tensor(flat[0]).device if flat else torch.device("cpu")
         self.last_traffic = Traffic()
         self._timer: ExchangeTimer | None = None
+        self.settings: dict[str, object] = {}
         if distributed():  # the caller's settings (``agree``) and everything that changes the decoded bits
             settings = compressor_settings(self.buckets, entries, encoding, kernel_precision, self.device)
             settings["exchange"] = exchange if exchange == "allgather" else f"sharded, sharded_topk {sharded_topk}"
             settings["index coding"] = index_coding
-            check_settings_agree(who, {**(agree or {}), **settings}, replicate_group, self.device)
+            self.settings = {**(agree or {}), **settings}
+            if not is_elastic(replicate_group):  # elastic: checked as each replica joins (flexdemo.elastic)
+                check_settings_agree(who, self.settings, replicate_group, self.device)
+
+    def commit(self) -> bool:
+        """Whether the last exchange's update may be applied: always, but over an elastic group,
+        where torchft says whether every replica's part of the step succeeded."""
+        return self.group.commit() if is_elastic(self.group) else True
 
     @property
     def uses_fused_kernels(self) -> bool:

@@ -97,7 +97,14 @@ def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def is_elastic(group) -> bool:
+    """An elastic replica group (flexdemo.elastic.ElasticGroup): torchft decides its members."""
+    return getattr(group, "elastic", False)
+
+
 def group_size(group) -> int:
+    if is_elastic(group):
+        return group.size()  # this step's participants
     return dist.get_world_size(group) if distributed() else 1
 
 
@@ -109,6 +116,9 @@ def gather_payloads(mine: torch.Tensor, group, async_op: bool = False, timeout: 
     if world == 1 or total == 0:
         return mine.unsqueeze(0), Traffic(total, 0), None
     gathered = torch.empty(world * total, dtype=torch.uint8, device=mine.device)
+    if is_elastic(group):  # synchronous; a failure is left to the step's commit
+        group.all_gather_into(gathered.view(world, total), mine)
+        return gathered.view(world, total), Traffic(total, (world - 1) * total), None
     work = all_gather_flat(gathered, mine, group=group, async_op=True)
     if not async_op:
         wait_for(work, group, timeout, "the compressed exchange")
@@ -152,7 +162,10 @@ def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype,
 def check_replicate_group(params, group, who: str) -> None:
     """All DTensor params must live on one mesh, orthogonal to the replicate group: the group
     must hold exactly one rank of each shard group, so that every rank exchanges its own shard
-    with the same shard of the other replicas."""
+    with the same shard of the other replicas. (An elastic group spans jobs, one replica each:
+    the parameters' mesh is all of this job.)"""
+    if is_elastic(group):
+        return
     mesh = None
     for p in params:
         if not isinstance(p, DTensor):

@@ -43,6 +43,7 @@ from flexdemo.compression.exchange import (
     NonFiniteError,
     check_replicate_group,
     group_size,
+    is_elastic,
     nonfinite_flags,
     shard_group_of,
 )
@@ -135,6 +136,9 @@ class DeMo(LookaheadMixin, torch.optim.Optimizer):
         self.replicate_group = replicate_group
         self.replica_world_size = group_size(replicate_group)
         check_replicate_group(self._trainable(), replicate_group, who="DeMo")
+        if overlap and is_elastic(replicate_group):
+            raise ValueError("DeMo: overlap leaves an exchange in flight across steps, and an elastic replica "
+                             "group may change between them; turn overlap off with fault tolerance")
         self._shard_group = shard_group_of(self._trainable())
         self.compressor = self._build_compressor()
 
@@ -226,9 +230,19 @@ class DeMo(LookaheadMixin, torch.optim.Optimizer):
             if self.lookahead:
                 self._apply_lookahead()
         else:
-            self._finish(comp.exchange(payloads, flag), lrs, sent, scales)
+            gathered = comp.exchange(payloads, flag)
+            if comp.commit():
+                self._finish(gathered, lrs, sent, scales)
+            else:  # elastic: a replica failed in this exchange; every survivor skips it alike
+                self._give_back(sent)
         self._steps_done += 1
         return loss
+
+    def _give_back(self, sent) -> None:
+        """A step nobody applied: what this replica sent goes back into its momentum."""
+        comp = self.compressor
+        for b, (idx, vals) in zip(comp.buckets, sent):
+            comp.restore(b, idx, vals, [_local(self.state[m.param]["delta"]) for m in b.members])
 
     def _nonfinite_here(self) -> torch.Tensor:
         """Whether any local gradient of this replica is non-finite (agreed over its shards), as a
@@ -285,9 +299,7 @@ class DeMo(LookaheadMixin, torch.optim.Optimizer):
         self._skip_reports.append((self._steps_done, bad))
         if sent is None:  # pending_state resolves a skipped exchange before checkpointing it
             raise RuntimeError("DeMo: a skipped exchange carried over a checkpoint has no momentum to restore")
-        comp = self.compressor
-        for b, (idx, vals) in zip(comp.buckets, sent):
-            comp.restore(b, idx, vals, [_local(self.state[m.param]["delta"]) for m in b.members])
+        self._give_back(sent)
 
     @property
     def last_step_skipped_by(self) -> list[int]:

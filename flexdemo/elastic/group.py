@@ -1,0 +1,101 @@
+"""``ElasticGroup``: the replica dimension when replicas come and go, on torchft.
+
+torchft's Lighthouse forms a quorum of replica groups before every step (``start_quorum``);
+its process group is reconfigured to exactly the replicas in that quorum, and a replica that
+joins behind the others heals from a live peer (the state-dict callbacks, over torchft's HTTP
+checkpoint transport) before it computes anything. flexdemo's exchange then runs over that
+process group: the mean of each step is over whoever took part. After the exchange
+``commit`` asks torchft whether the step may be applied (no replica group failed in it); a
+step that may not is skipped by every survivor alike and its payload goes back into the
+momentum (the optimizer's part).
+
+Only torchft's all_gather is used (its all-reduce machinery is not: flexdemo never sends a
+dense tensor); a failed collective is reported to the Manager, which turns it into a
+``should_commit`` of False, instead of killing the process.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+
+
+class ElasticExchangeFailed(RuntimeError):
+    """A collective over the elastic replica group failed this step (a peer left mid-way)."""
+
+
+class ElasticGroup:
+    """A torchft Manager and its reconfigurable process group, seen as flexdemo's replica group.
+
+    ``size()`` / ``rank()`` are this step's participants and this replica's place among them;
+    they change only at :meth:`start_step`."""
+
+    elastic = True  # flexdemo.compression.exchange dispatches on this
+
+    def __init__(self, manager, pg):
+        self.manager, self.pg = manager, pg
+        self.failed_steps = 0  # steps whose exchange failed here (not applied)
+
+    @classmethod
+    def create(cls, *, replica_id: int, min_replicas: int, backend: str, timeout_s: float,
+               state_dict, load_state_dict, quorum_timeout_s: float | None = None) -> "ElasticGroup":
+        """One per process, before the optimizer is built (it reads the group). The Lighthouse's
+        address comes from ``$TORCHFT_LIGHTHOUSE``; torchrun's store (MASTER_ADDR/PORT) is the
+        replica group's own."""
+        import torchft  # the optional extra "ft"
+
+        if not os.environ.get(LIGHTHOUSE_ENV):
+            raise ValueError(f"fault_tolerance.enable needs ${LIGHTHOUSE_ENV} (http://HOST:PORT of "
+                             "scripts/lighthouse.sh)")
+        timeout = timedelta(seconds=timeout_s)
+        pg = (torchft.ProcessGroupNCCL if backend == "nccl" else torchft.ProcessGroupGloo)(timeout=timeout)
+        manager = torchft.Manager(
+            pg=pg, load_state_dict=load_state_dict, state_dict=state_dict, min_replica_size=min_replicas,
+            use_async_quorum=False,  # heal before the forward pass: a rejoined replica's first step is exact
+            replica_id=f"flexdemo_{replica_id}", timeout=timeout,
+            quorum_timeout=timedelta(seconds=quorum_timeout_s or timeout_s),
+            connect_timeout=timeout,
+            init_sync=False,  # replicas start from one seed (and flexdemo's own init_sync)
+        )
+        return cls(manager, pg)
+
+    # -- the step's membership ------------------------------------------------------------------
+
+    def start_step(self) -> None:
+        """The quorum for the coming step; a replica behind the others loads a peer's state here."""
+        self.manager.start_quorum()
+
+    def size(self) -> int:
+        return self.manager.num_participants()
+
+    def rank(self) -> int:
+        r = self.manager.participating_rank()
+        return 0 if r is None else r
+
+    def commit(self) -> bool:
+        """Whether this step's update may be applied (every collective of the step succeeded)."""
+        ok = self.manager.should_commit()
+        self.failed_steps += not ok
+        return ok
+
+    # -- collectives ----------------------------------------------------------------------------
+
+    def all_gather_into(self, out: torch.Tensor, mine: torch.Tensor) -> bool:
+        """``out[r] = replica r's mine``. On a failure the Manager is told (``commit`` is then
+        False) and ``out`` holds this replica's payload in every row: the bytes are never applied."""
+        from torch.distributed.distributed_c10d import AllgatherOptions
+
+        try:
+            self.pg.allgather([list(out.unbind(0))], [mine], AllgatherOptions()).wait()
+            return True
+        except Exception as e:  # gloo / NCCL raise different types for a lost peer
+            self.manager.report_error(e)
+            out.copy_(mine.unsqueeze(0).expand_as(out))
+            return False
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
