@@ -24,6 +24,8 @@ from flexdemo.compression.compressor import EXCHANGES, KERNEL_PRECISIONS, Exchan
 from flexdemo.optim.diloco_args import DENSE_ENCODINGS, STATE_DEVICES, TOPK_ENCODINGS, StateDevice, TopkEncoding
 from flexdemo.wire.format import INDEX_CODINGS, VALUE_ENCODINGS, IndexCoding, ValueEncoding
 
+from .elastic_config import check_elastic
+
 Mode = Literal["demo", "off", "diloco", "demo_diloco"]
 NonFinite = Literal["skip", "stop"]
 ReplicaCheckAction = Literal["stop", "resync"]
@@ -330,9 +332,12 @@ def validate_job_config(job_config, world_size: int | None) -> None:
         _fail(f"optimizer.lr={lr!r}; mode 'demo' needs a finite lr > 0 (the size of DeMo's sign step)")
     if job_config.optimizer.early_step_in_backward:
         _fail("optimizer.early_step_in_backward is not supported by the flexdemo train specs")
+    if job_config.fault_tolerance.enable:
+        check_elastic(job_config, _fail)
     if c.mode not in SEPARATE_REPLICA_MODES:
         return
-    if world_size is not None and world_size > 1 and p.data_parallel_replicate_degree < 2:
+    elastic = job_config.fault_tolerance.enable  # replicas are other jobs
+    if world_size is not None and world_size > 1 and p.data_parallel_replicate_degree < 2 and not elastic:
         _fail(
             f"mode={c.mode!r} needs parallelism.data_parallel_replicate_degree >= 2 (it exchanges "
             "across replicas); use mode='off' for a single replica"
@@ -350,8 +355,6 @@ def validate_job_config(job_config, world_size: int | None) -> None:
             f"exchange across replicas); got parallelism.{', parallelism.'.join(bad)}. "
             "Use mode='off' for TP/PP/CP/EP."
         )
-    if job_config.fault_tolerance.enable:
-        _fail(f"mode={c.mode!r} does not support fault_tolerance.enable")
     if c.mode in DILOCO_MODES and c.replica_check_interval % c.sync_interval != 0:
         _fail(
             f"replica_check_interval={c.replica_check_interval} must be a multiple of "

@@ -35,6 +35,7 @@ from flexdemo.data.dataset import DATASET_NAME, SPLITS, StdlibTextDataset
 from flexdemo.data.resharding import dataset_state_in, reshard_dataset_states, saved_data_parallel_ranks
 from flexdemo.data.tokenizer import TOKENIZER_FILES, has_tokenizer
 
+from . import elastic
 from .checkpoint_format import checkpoint_to_resume, saved_keys
 
 # Assets dir per corpus chosen by the last build_dataloader call; torchtitan's validator
@@ -170,7 +171,9 @@ def build_dataloader(
     job_config: JobConfig,
     infinite: bool = True,
 ) -> ParallelAwareDataloader:
-    """TrainSpec.build_dataloader_fn: our corpus for flexdemo_stdlib*, torchtitan's otherwise."""
+    """TrainSpec.build_dataloader_fn: our corpus for flexdemo_stdlib*, torchtitan's otherwise.
+    Elastic replicas (separate jobs) each read their own shard of every replica's data."""
+    dp_world_size, dp_rank = elastic.data_shard(job_config, dp_world_size, dp_rank)
     name = job_config.training.dataset.lower()
     if name not in SPLITS:
         return tt_text.build_text_dataloader(

@@ -20,6 +20,7 @@ from torchtitan.tools.logging import logger
 from flexdemo.optim.diloco import DiLoCo
 
 from .checkpoint_format import format_key, format_tag, plan_resume
+from . import elastic
 from .config import DILOCO_MODES, FlexDemoConfigError, describe_exchange, flexdemo_section, ignored_keys
 from .exchange_accounting import modelled_hsdp_allreduce_bytes
 from .optimizer_container import FlexOptimizersContainer
@@ -52,6 +53,9 @@ def build_flexdemo_optimizers(
         "format_key": format_key(format_tag(cfg), replicas, shards),
         "resume": plan_resume(job_config, cfg, replicas, shards, FlexDemoConfigError),
     }
+    if elastic.enabled(job_config):  # replicas are separate jobs; torchft decides who takes part
+        group = elastic.elastic_group(job_config)
+        checkpoint["elastic_replica_id"] = job_config.fault_tolerance.replica_id
     ignored = ignored_keys(job_config)
     if ignored:
         logger.warning(f"flexdemo: mode={cfg.mode} does not use {', '.join(ignored)} (set in the config; ignored)")

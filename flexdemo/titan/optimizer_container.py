@@ -20,6 +20,9 @@ from torchtitan.tools.logging import logger
 from flexdemo.compression.plan import describe_blocks
 from flexdemo.optim.diloco import DiLoCo
 
+from flexdemo.compression.exchange import is_elastic
+
+from . import elastic
 from . import replicas as rep
 from .checkpoint_format import Resume
 from .checkpoint_keys import BYTES_KEY, CheckpointKeys, replica_state_prefix
@@ -44,6 +47,7 @@ class FlexOptimizersContainer(CheckpointKeys, SkipReporting, ExchangeAccounting,
         outer: DiLoCo | None = None,
         last_step: int | None = None,
         max_consecutive_skips: int = 0,
+        elastic_replica_id: int = 0,
     ) -> None:
         super().__init__(model_parts, optimizer_cls, optimizer_kwargs)
         self.outer = outer
@@ -63,12 +67,13 @@ class FlexOptimizersContainer(CheckpointKeys, SkipReporting, ExchangeAccounting,
         self.replica_check_action = replica_check_action
         # Mode "off": HSDP all-reduce bytes are modelled (FSDP does the comms, not us).
         self.modelled_bytes_per_step = modelled_bytes_per_step
+        # An elastic replica's place among the planned replicas is its replica_id: per-replica
+        # checkpoint keys stay its own whoever else is alive.
+        self.replica = (elastic_replica_id if is_elastic(replicate_group)
+                        else dist.get_rank(replicate_group) if replicate_group is not None else 0)
         self.replica_prefix = (
-            replica_state_prefix(dist.get_rank(replicate_group))
-            if per_replica_state and replicate_group is not None
-            else None
+            replica_state_prefix(self.replica) if per_replica_state and replicate_group is not None else None
         )
-        self.replica = dist.get_rank(replicate_group) if replicate_group is not None else 0
         # Byte totals differ per rank (uneven shards): one copy per rank.
         self.bytes_key = f"{BYTES_KEY}.rank{dist.get_rank() if dist.is_initialized() else 0}"
         self.step_count = 0
@@ -120,6 +125,9 @@ class FlexOptimizersContainer(CheckpointKeys, SkipReporting, ExchangeAccounting,
         ):
             shared = [t for e in self.outer.entries for t in (e.global_copy, e.momentum) if t is not None] \
                 if self.outer is not None else []
+            if is_elastic(self.replicate_group):  # no torch.distributed world across replicas
+                elastic.verify_identical(self.model_parts, self.replicate_group, self.step_count)
+                return
             with self.consensus():
                 rep.verify_or_resync(self.model_parts, self.replicate_group, self.step_count,
                                      self.replica_check_action, shared)

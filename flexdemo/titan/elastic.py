@@ -1,0 +1,106 @@
+"""Elastic replicas in torchtitan: ``[fault_tolerance] enable = true``, one torchrun job per replica.
+
+Each replica (a node) runs its own torchrun with ``[parallelism] data_parallel_replicate_degree
+= 1`` (FSDP over its own GPUs) and ``[fault_tolerance] replica_id`` / ``group_size`` (how many
+replicas the run is planned for: the data are split that many ways) / ``min_replica_size``.
+Between replicas there is no torch.distributed world: flexdemo's exchange runs over torchft's
+process group (:class:`flexdemo.elastic.ElasticGroup`), reformed by the Lighthouse
+(``$TORCHFT_LIGHTHOUSE``, ``scripts/lighthouse.sh``) before every step.
+
+What a rejoining replica takes from a live peer (torchft's checkpoint transport, before its
+first forward pass): the parameters, the lr schedule and the lrs it set, the step and token counts, and the
+optimizer container's counters. Not DeMo's momentum: a copy of a peer's would make the two
+send the same coefficients from then on; the rejoined replica's momentum starts from zero, as
+at step 1. Its data: its own shard from the start (torchft's default; the dataloader is not
+healed), so some of its documents are seen twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torchtitan.components.checkpoint import LR_SCHEDULER, MODEL
+from torchtitan.tools.logging import logger
+
+from flexdemo.elastic.group import ElasticGroup
+
+from .replicas import ReplicaSyncError, local_named_params
+
+_GROUP: ElasticGroup | None = None
+
+
+def enabled(job_config) -> bool:
+    return bool(job_config.fault_tolerance.enable)
+
+
+def elastic_group(job_config) -> ElasticGroup:
+    """The process's one elastic group (made by the optimizer builder, read by the trainer)."""
+    global _GROUP
+    if _GROUP is None:
+        ft = job_config.fault_tolerance
+        _GROUP = ElasticGroup.create(
+            replica_id=ft.replica_id, min_replicas=ft.min_replica_size, backend=ft.process_group,
+            timeout_s=ft.process_group_timeout_ms / 1000, state_dict=None, load_state_dict=None,
+        )
+        logger.info(f"flexdemo: elastic replica {ft.replica_id} of {ft.group_size} planned "
+                    f"(torchft, at least {ft.min_replica_size} per step, {ft.process_group})")
+    return _GROUP
+
+
+def data_shard(job_config, dp_world_size: int, dp_rank: int) -> tuple[int, int]:
+    """This rank's data shard among every replica's ranks (torchtitan's FTManager.get_dp_info)."""
+    if not enabled(job_config):
+        return dp_world_size, dp_rank
+    ft = job_config.fault_tolerance
+    return dp_world_size * ft.group_size, dp_world_size * ft.replica_id + dp_rank
+
+
+def attach(trainer) -> None:
+    """Let a rejoining replica heal from this one's state, and this one from a live peer's."""
+    group, states = _GROUP, trainer.checkpointer.states
+    container = trainer.optimizers
+
+    def state_dict():
+        # The lrs as well as the schedule: a scheduler's state sets its optimizer's lr only at its next step.
+        return {"model": states[MODEL].state_dict(), "lr_scheduler": states[LR_SCHEDULER].state_dict(),
+                "lrs": [[g["lr"] for g in opt.param_groups] for opt in container.optimizers],
+                "train_state": trainer.state_dict(), "optimizer_steps": container.step_count}
+
+    def load_state_dict(sd):
+        states[MODEL].load_state_dict(sd["model"])
+        states[LR_SCHEDULER].load_state_dict(sd["lr_scheduler"])
+        for opt, lrs in zip(container.optimizers, sd["lrs"], strict=True):
+            for g, lr in zip(opt.param_groups, lrs, strict=True):
+                g["lr"] = lr
+        trainer.load_state_dict(sd["train_state"])
+        container.step_count = sd["optimizer_steps"]
+        logger.info(f"flexdemo: elastic replica healed from a live peer at step {trainer.step}")
+
+    group.manager.register_state_dict_fn("flexdemo", load_state_dict, state_dict)
+
+
+@torch.no_grad()
+def params_digest(model_parts) -> str:
+    h = hashlib.sha256()
+    for name, t in local_named_params(model_parts):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@torch.no_grad()
+def verify_identical(model_parts, group: ElasticGroup, step: int) -> str:
+    """Every replica of this step's quorum holds the same parameters (same shard index): one
+    all_gather of a 16-hex-digit digest. Returns it; raises ReplicaSyncError naming who differs."""
+    digest = params_digest(model_parts)
+    mine = torch.frombuffer(bytearray(digest.encode()), dtype=torch.uint8)
+    everyone = torch.empty(group.size(), mine.numel(), dtype=torch.uint8)
+    group.all_gather_into(everyone, mine)
+    differ = [r for r in range(everyone.shape[0]) if not torch.equal(everyone[r], mine)]
+    logger.info(f"flexdemo: elastic step {step}: {group.size()} replicas took part, params digest {digest}"
+                + (f", replicas {differ} differ" if differ else ""))
+    if differ:
+        raise ReplicaSyncError(f"elastic replicas {differ} of this step's quorum hold other parameters than "
+                               f"replica {group.rank()} at step {step}")
+    return digest
