@@ -6,7 +6,7 @@ import pytest
 from titan_launch import CONFIGS
 
 # world size each config is written for (multi-node templates: 2 nodes x 8 GPUs)
-WORLD = {"cpu_2x2": 4, "gpu_2gpu": 2, "gpu_4gpu": 4, "multinode": 16}
+WORLD = {"cpu_2x2": 4, "cpu_elastic": 1, "gpu_2gpu": 2, "gpu_4gpu": 4, "multinode": 16}
 
 
 def _world(name: str) -> int:
@@ -14,7 +14,8 @@ def _world(name: str) -> int:
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.stem)
-def test_config_is_valid(path):
+def test_config_is_valid(path, monkeypatch):
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://localhost:29510")  # elastic configs name their Lighthouse
     import flexdemo.titan.register  # noqa: F401
     from torchtitan.config import ConfigManager
     from torchtitan.protocols.train_spec import get_train_spec

@@ -24,8 +24,8 @@ import torch
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
 
-class ElasticExchangeFailed(RuntimeError):
-    """A collective over the elastic replica group failed this step (a peer left mid-way)."""
+class ElasticJoinError(RuntimeError):
+    """This replica could not join the run (the Lighthouse did not answer): one line, exit 2."""
 
 
 class ElasticGroup:
@@ -53,15 +53,28 @@ class ElasticGroup:
                              "scripts/lighthouse.sh)")
         timeout = timedelta(seconds=timeout_s)
         pg = (torchft.ProcessGroupNCCL if backend == "nccl" else torchft.ProcessGroupGloo)(timeout=timeout)
-        manager = torchft.Manager(
+        try:
+            manager = cls._manager(torchft, pg, replica_id, min_replicas, timeout, quorum_timeout_s or timeout_s,
+                                   state_dict, load_state_dict)
+        except (RuntimeError, TimeoutError) as e:
+            if "connect" not in str(e):
+                raise
+            raise ElasticJoinError(
+                f"the Lighthouse at {os.environ[LIGHTHOUSE_ENV]} (${LIGHTHOUSE_ENV}) did not answer within "
+                f"{timeout_s:g} s (fault_tolerance.process_group_timeout_ms); is scripts/lighthouse.sh running there?"
+            ) from e
+        return cls(manager, pg)
+
+    @staticmethod
+    def _manager(torchft, pg, replica_id, min_replicas, timeout, quorum_timeout_s, state_dict, load_state_dict):
+        return torchft.Manager(
             pg=pg, load_state_dict=load_state_dict, state_dict=state_dict, min_replica_size=min_replicas,
             use_async_quorum=False,  # heal before the forward pass: a rejoined replica's first step is exact
             replica_id=f"flexdemo_{replica_id}", timeout=timeout,
-            quorum_timeout=timedelta(seconds=quorum_timeout_s or timeout_s),
+            quorum_timeout=timedelta(seconds=quorum_timeout_s),
             connect_timeout=timeout,
-            init_sync=False,  # replicas start from one seed (and flexdemo's own init_sync)
+            init_sync=True,  # at step 0 too, every replica takes one replica's parameters
         )
-        return cls(manager, pg)
 
     # -- the step's membership ------------------------------------------------------------------
 

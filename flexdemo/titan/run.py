@@ -95,13 +95,14 @@ def main(argv: list[str] | None = None) -> None:
     from torchtitan.train import main as titan_main
 
     from flexdemo.compression.agreement import ReplicaSettingsMismatch
+    from flexdemo.elastic.group import ElasticJoinError
 
     from .trainer import FlexTrainer
 
     sys.argv = [sys.argv[0], *argv]
     try:
         titan_main(FlexTrainer)
-    except ReplicaSettingsMismatch as e:  # raised on every rank alike, before training: one line, exit 2
+    except (ReplicaSettingsMismatch, ElasticJoinError) as e:  # before training, every rank alike: one line, exit 2
         _exit_config_error(str(e), process_group_up=True)
     if cpu_shim.active():
         cpu_shim.exit_without_teardown(0)  # errors never get here: they raise out of titan_main
