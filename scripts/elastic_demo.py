@@ -39,13 +39,17 @@ def last_step(log: Path) -> int:
     return max(steps, default=0)
 
 
-def wait_until(cond, timeout: float, what: str) -> None:
+def wait_for_step(run: "Run", name: str, step: int, timeout: float) -> None:
+    """Until replica ``name`` has logged ``step``; an error if it ended or the time ran out first."""
     end = time.time() + timeout
     while time.time() < end:
-        if cond():
+        if last_step(run.log(name)) >= step:
             return
+        if run.procs[name].poll() is not None:
+            raise RuntimeError(f"elastic_demo: {name} ended (exit {run.procs[name].returncode}) before step {step}; "
+                               f"see {run.log(name)}")
         time.sleep(0.2)
-    raise TimeoutError(f"elastic_demo: timed out waiting for {what}")
+    raise TimeoutError(f"elastic_demo: {name} did not reach step {step} within {timeout:g} s")
 
 
 class Run:
@@ -117,10 +121,10 @@ def run_mode(mode: str, out: Path, steps: int, kill_at: int, restart_at: int, ti
     try:
         for r in range(3):
             run.start(r, f"replica{r}")
-        wait_until(lambda: last_step(run.log("replica2")) >= kill_at, timeout, f"replica 2 at step {kill_at}")
+        wait_for_step(run, "replica2", kill_at, timeout)
         run.kill("replica2")
         killed = last_step(run.log("replica2"))
-        wait_until(lambda: last_step(run.log("replica0")) >= restart_at, timeout, f"replica 0 at step {restart_at}")
+        wait_for_step(run, "replica0", restart_at, timeout)
         run.start(2, "replica2_restarted")
         codes = run.wait_all(timeout)
     finally:
