@@ -15,6 +15,7 @@ ALLOWED = {
     "NPROC", "NNODES",  # flexdemo.titan.preflight, from scripts/launch.sh
     "RANK", "WORLD_SIZE", "TORCHELASTIC_ERROR_FILE",  # set by torchrun
     "TRITON_INTERPRET", "TRITON_CACHE_DIR",  # Triton's own settings
+    "TORCHFT_LIGHTHOUSE",  # torchft's own: the Lighthouse of elastic replicas
 }
 # The A/B switches and the launcher-only assets variable this replaced: never read again.
 REMOVED = {"FLEXDEMO_TOPK_BRACKET", "FLEXDEMO_FUSED_WARPS", "FLEXDEMO_ENCODE_MAXNREG",

@@ -48,7 +48,8 @@ class ElasticGroup:
         replica group's own."""
         import torchft  # the optional extra "ft"
 
-        if not os.environ.get(LIGHTHOUSE_ENV):
+        address = os.environ.get("TORCHFT_LIGHTHOUSE")  # torchft's Manager reads it too
+        if not address:
             raise ValueError(f"fault_tolerance.enable needs ${LIGHTHOUSE_ENV} (http://HOST:PORT of "
                              "scripts/lighthouse.sh)")
         timeout = timedelta(seconds=timeout_s)
@@ -60,7 +61,7 @@ class ElasticGroup:
             if "connect" not in str(e):
                 raise
             raise ElasticJoinError(
-                f"the Lighthouse at {os.environ[LIGHTHOUSE_ENV]} (${LIGHTHOUSE_ENV}) did not answer within "
+                f"the Lighthouse at {address} (${LIGHTHOUSE_ENV}) did not answer within "
                 f"{timeout_s:g} s (fault_tolerance.process_group_timeout_ms); is scripts/lighthouse.sh running there?"
             ) from e
         return cls(manager, pg)

@@ -38,6 +38,6 @@ def check_elastic(job_config, fail) -> None:
         fail(f"fault_tolerance.enable with flexdemo.exchange={c.exchange!r}: only 'allgather' runs over torchft")
     if importlib.util.find_spec("torchft") is None:
         fail("fault_tolerance.enable needs torchft: pip install -e \".[ft]\"")
-    if not os.environ.get(LIGHTHOUSE_ENV):
+    if not os.environ.get("TORCHFT_LIGHTHOUSE"):
         fail(f"fault_tolerance.enable needs ${LIGHTHOUSE_ENV}=http://HOST:PORT, the Lighthouse of "
              "scripts/lighthouse.sh")
