@@ -181,14 +181,13 @@ class TopkCompressor:
         self.device = local_tensor(flat[0]).device if flat else torch.device("cpu")
         self.last_traffic = Traffic()
         self._timer: ExchangeTimer | None = None
-        self.settings: dict[str, object] = {}
-        if distributed():  # the caller's settings (``agree``) and everything that changes the decoded bits
+        # The caller's settings (``agree``) and everything that changes the decoded bits. Not over an
+        # elastic group (yet): the check's collectives need one torch.distributed world.
+        if distributed() and not is_elastic(replicate_group):
             settings = compressor_settings(self.buckets, entries, encoding, kernel_precision, self.device)
             settings["exchange"] = exchange if exchange == "allgather" else f"sharded, sharded_topk {sharded_topk}"
             settings["index coding"] = index_coding
-            self.settings = {**(agree or {}), **settings}
-            if not is_elastic(replicate_group):  # elastic: checked as each replica joins (flexdemo.elastic)
-                check_settings_agree(who, self.settings, replicate_group, self.device)
+            check_settings_agree(who, {**(agree or {}), **settings}, replicate_group, self.device)
 
     def commit(self) -> bool:
         """Whether the last exchange's update may be applied: always, but over an elastic group,

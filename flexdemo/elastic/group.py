@@ -5,9 +5,11 @@ its process group is reconfigured to exactly the replicas in that quorum, and a 
 joins behind the others heals from a live peer (the state-dict callbacks, over torchft's HTTP
 checkpoint transport) before it computes anything. flexdemo's exchange then runs over that
 process group: the mean of each step is over whoever took part. After the exchange
-``commit`` asks torchft whether the step may be applied (no replica group failed in it); a
-step that may not is skipped by every survivor alike and its payload goes back into the
-momentum (the optimizer's part).
+``commit`` asks torchft whether the step may be applied (this replica's collective and
+quorum succeeded); a step that may not is skipped here and its payload goes back into the
+momentum (the optimizer's part). A replica that saw no failure in that step applies it: a
+mid-exchange loss that only some replicas notice leaves them apart, which the replica check
+(a digest all_gathered over the quorum) then stops.
 
 Only torchft's all_gather is used (its all-reduce machinery is not: flexdemo never sends a
 dense tensor); a failed collective is reported to the Manager, which turns it into a

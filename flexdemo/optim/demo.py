@@ -233,7 +233,7 @@ class DeMo(LookaheadMixin, torch.optim.Optimizer):
             gathered = comp.exchange(payloads, flag)
             if comp.commit():
                 self._finish(gathered, lrs, sent, scales)
-            else:  # elastic: a replica failed in this exchange; every survivor skips it alike
+            else:  # elastic: this exchange failed here (a replica was lost mid-way); not applied
                 self._give_back(sent)
         self._steps_done += 1
         return loss

@@ -8,8 +8,8 @@ process group (:class:`flexdemo.elastic.ElasticGroup`), reformed by the Lighthou
 (``$TORCHFT_LIGHTHOUSE``, ``scripts/lighthouse.sh``) before every step.
 
 What a rejoining replica takes from a live peer (torchft's checkpoint transport, before its
-first forward pass): the parameters, the lr schedule and the lrs it set, the step and token counts, and the
-optimizer container's counters. Not DeMo's momentum: a copy of a peer's would make the two
+first forward pass): the parameters, the lr schedule and the lrs it set, the step and token
+counts, and the optimizer container's counters. Not DeMo's momentum: a copy of a peer's would make the two
 send the same coefficients from then on; the rejoined replica's momentum starts from zero, as
 at step 1. Its data: its own shard from the start (torchft's default; the dataloader is not
 healed), so some of its documents are seen twice.
