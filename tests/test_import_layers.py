@@ -25,6 +25,7 @@ RANKS = {
     "flexdemo.compression": 2,  # torch codec, plan, paths, exchange, agreement, TopkCompressor
     "flexdemo.replica_check": 3,  # the replicas-identical check (uses compression.exchange)
     "flexdemo.optim": 3,  # DeMo, DiLoCo
+    "flexdemo.elastic": 3,  # torchft's Manager as the replica group (compression reaches it by duck typing)
     "flexdemo": 4,  # flexdemo/__init__.py: the public names
     "flexdemo.titan": 4,  # the torchtitan plugin
 }

@@ -1,0 +1,1 @@
+"""Elastic replicas: torchft's Manager and process group as flexdemo's replica group (group.py)."""
