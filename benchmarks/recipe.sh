@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The compression-recipe sweep of docs/results.md section 1.5 (issue 26), on a 4-GPU machine:
+# The compression-recipe sweep of docs/results.md section 1.5, on a 4-GPU machine:
 #   bash benchmarks/recipe.sh codec         the new codecs' encode/decode time (one GPU)
 #   bash benchmarks/recipe.sh grid SEED     per-step top-k x lr x decay, the encodings, AdamW (small)
 #   bash benchmarks/recipe.sh dd SEED       demo_diloco settings aimed at >= 5000x fewer bytes (small)
@@ -8,6 +8,7 @@
 # The small runs share GPUs (--jobs-per-slot): compare their losses, not their tokens/s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the codec stage runs benchmarks/codec.py directly
 STAGE=${1:?usage: bash benchmarks/recipe.sh codec|grid|dd|pick|1b [SEED] [VARIANT...]}
 SEED=${2:-1234}
 shift $(( $# < 2 ? $# : 2 ))
