@@ -1,16 +1,22 @@
 """Elastic replicas, shown on CPU: a Lighthouse on localhost (scripts/lighthouse.sh), three
-replicas of train_configs/cpu_elastic_demo.toml (one process each, gloo), replica 2 killed
-(SIGKILL) at about step 15 and started again at about step 25; then the same run untouched.
+replicas of train_configs/cpu_elastic_demo.toml (one process each, gloo, a checkpoint every 10
+steps), replica 2 killed (SIGKILL) at about step 15 and started again at about step 25 in its
+own folder: it loads its last checkpoint, then heals from a live peer at the peers' step; then
+the same run untouched.
 
-  python3 scripts/elastic_demo.py [--modes demo] [--out outputs/elastic_demo] [--steps 150]
+  python3 scripts/elastic_demo.py [--modes demo,demo_diloco] [--out outputs/elastic_demo] [--steps 150]
 
 Ends with one line per mode (tools read it):
   elastic <mode>: survivors took <N> steps during the outage; rejoined replica bitwise equal: yes|no; final loss <x> (uninterrupted <y>)
 
-N: steps replica 0 took while fewer than all replicas were in the quorum. Bitwise equal: at
-every step the restarted replica logged, its parameters' digest is replica 0's at that step
-(each replica's own all_gathered check also passed). Final loss: replica 0's training loss at
-the last step (a batch of its own shard). Exits 1 if anything failed.
+N: steps replica 0 took after the kill and before the restarted replica's first check.
+Bitwise equal: at every check the restarted replica logged, its digest is replica 0's at that
+step (each replica's own all_gathered check also passed): of the parameters in the per-step
+mode, checked every step; of the global copy and outer momentum in the DiLoCo modes, checked
+at every outer step (their parameters are the global copy right after one). Final loss:
+replica 0's training loss at the last step (a batch of its own shard). Exits 1 if anything
+failed. Before them, one line per mode on stderr: the checkpoint step the restarted replica
+loaded and the step it healed at from a live peer.
 """
 
 from __future__ import annotations
@@ -29,9 +35,23 @@ from ports import free_port  # noqa: E402
 from process_tree import kill_tree  # noqa: E402
 
 CONFIG = REPO / "train_configs" / "cpu_elastic_demo.toml"
-MODE_FLAGS = {"demo": []}  # the modes that run over torchft so far (flexdemo.titan.elastic_config)
-STEP_LINE = re.compile(r"elastic step (\d+): (\d+) replicas took part, params digest (\w+)")
+# The config is the per-step mode's; demo_diloco: AdamW inside each replica, an outer step every 5.
+MODE_FLAGS = {
+    "demo": [],
+    # SparseLoCo's outer step (plain SGD, lr 1): with H = 5, outer momentum 0.9 diverged here.
+    "demo_diloco": ["--flexdemo.mode", "demo_diloco", "--flexdemo.sync_interval", "5", "--flexdemo.outer_topk", "32",
+                    "--flexdemo.outer_value_encoding", "scaled_sign", "--flexdemo.outer_momentum", "0",
+                    "--flexdemo.outer_lr", "1.0", "--flexdemo.no_outer_nesterov",
+                    "--flexdemo.replica_check_interval", "5"],
+}
+STEP_LINE = re.compile(r"elastic step (\d+): (\d+) replicas took part, (?:params|global copy) digest (\w+)")
 LOSS_LINE = re.compile(r"step:\s+(\d+)\s+loss:\s+([\d.]+)")
+LOADED_LINE = re.compile(r"Loading the checkpoint from \S*step-(\d+)")
+HEALED_LINE = re.compile(r"elastic replica healed from a live peer at step (\d+)")
+
+
+def last_loss_step(log: Path) -> int:
+    return max((int(m.group(1)) for m in LOSS_LINE.finditer(log.read_text(errors="replace"))), default=0)
 
 
 def last_step(log: Path) -> int:
@@ -61,7 +81,9 @@ class Run:
         port = free_port()
         self.env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{port}", "OMP_NUM_THREADS": "1",
                     "LOG_RANK": "0"}
+        # Start-up on a loaded machine is uneven: wait up to 10 s for every replica to join a quorum.
         self.lighthouse = subprocess.Popen(["bash", str(REPO / "scripts" / "lighthouse.sh"), str(port), "2"],
+                                           env={**os.environ, "JOIN_TIMEOUT_MS": "10000"},
                                            stdout=open(folder / "lighthouse.log", "w"), stderr=subprocess.STDOUT,
                                            start_new_session=True)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -71,7 +93,7 @@ class Run:
 
     def start(self, replica: int, name: str) -> None:
         cmd = ["bash", str(REPO / "scripts" / "launch.sh"), str(CONFIG), "--fault_tolerance.replica_id", str(replica),
-               "--training.steps", str(self.steps), "--job.dump_folder", str(self.folder / name),
+               "--training.steps", str(self.steps), "--job.dump_folder", str(self.folder / f"replica{replica}"),
                "--metrics.disable_color_printing", *self.flags]
         env = {**self.env, "MASTER_PORT": str(free_port())}
         self.procs[name] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(self.log(name), "w"),
@@ -123,7 +145,7 @@ def run_mode(mode: str, out: Path, steps: int, kill_at: int, restart_at: int, ti
             run.start(r, f"replica{r}")
         wait_for_step(run, "replica2", kill_at, timeout)
         run.kill("replica2")
-        killed = last_step(run.log("replica2"))
+        killed = last_loss_step(run.log("replica0"))
         wait_for_step(run, "replica0", restart_at, timeout)
         run.start(2, "replica2_restarted")
         codes = run.wait_all(timeout)
@@ -133,20 +155,28 @@ def run_mode(mode: str, out: Path, steps: int, kill_at: int, restart_at: int, ti
     ok = all(c == 0 for c in [*codes.values(), *base_codes.values()])
     r0, loss0 = parse(run.log("replica0"))
     back, _ = parse(run.log("replica2_restarted"))
+    text = run.log("replica2_restarted").read_text(errors="replace")
+    loaded, healed = LOADED_LINE.search(text), HEALED_LINE.search(text)
+    # the restarted replica resumes from the live peers, not from its own last checkpoint
+    rejoined = bool(loaded and healed and int(healed.group(1)) > int(loaded.group(1)))
+    print(f"elastic {mode}: replica 2 restarted, loaded its checkpoint of step "
+          f"{loaded.group(1) if loaded else 'none'}, healed from a live peer at step "
+          f"{healed.group(1) if healed else 'none'}", file=sys.stderr)
     _, base_loss = parse(base.log("replica0"))
-    outage = sum(1 for s, (n, _) in r0.items() if s > killed and n < 3)
+    back_at = min(back, default=steps + 1)  # the restarted replica's first check
+    outage = sum(1 for s in loss0 if killed < s < back_at)
     equal = bool(back) and min(back) > killed and all(r0.get(s, (0, None))[1] == d for s, (_, d) in back.items())
     final = loss0.get(steps, float("nan"))
     line = (f"elastic {mode}: survivors took {outage} steps during the outage; rejoined replica bitwise equal: "
             f"{'yes' if equal else 'no'}; final loss {final:.4f} (uninterrupted {base_loss.get(steps, float('nan')):.4f})")
     if not ok:
         line += f"  [exit codes: uninterrupted {base_codes}, outage {codes}; logs in {out / mode}]"
-    return line, ok and equal and outage > 0
+    return line, ok and equal and outage > 0 and rejoined
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--modes", default="demo", help=f"comma-separated, of: {', '.join(MODE_FLAGS)}")
+    ap.add_argument("--modes", default="demo,demo_diloco", help=f"comma-separated, of: {', '.join(MODE_FLAGS)}")
     ap.add_argument("--out", default=str(REPO / "outputs" / "elastic_demo"))
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--kill-at", type=int, default=15)

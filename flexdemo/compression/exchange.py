@@ -143,15 +143,22 @@ def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype,
     send = torch.zeros(world * chunk, dtype=wire_dtype, device=flat.device)
     send[:n].copy_(flat)
     recv = torch.empty_like(send)
-    wait_for(dist.all_to_all_single(recv, send, group=group, async_op=True), group, timeout, "the dense exchange")
+    if is_elastic(group):  # synchronous; a failure is left to the outer step's commit
+        group.all_to_all_into(recv, send)
+    else:
+        wait_for(dist.all_to_all_single(recv, send, group=group, async_op=True), group, timeout,
+                 "the dense exchange")
     parts = recv.view(world, chunk)
     mine = torch.zeros(chunk, dtype=torch.float32, device=flat.device)
     for w in range(world):
         mine += parts[w]
     mine /= world
     gathered = torch.empty_like(send)
-    wait_for(all_gather_flat(gathered, mine.to(wire_dtype), group=group, async_op=True), group, timeout,
-             "the dense exchange")
+    if is_elastic(group):
+        group.all_gather_into(gathered.view(world, chunk), mine.to(wire_dtype))
+    else:
+        wait_for(all_gather_flat(gathered, mine.to(wire_dtype), group=group, async_op=True), group, timeout,
+                 "the dense exchange")
     elem = send.element_size()
     share = (world - 1) * chunk * elem
     # all_to_all: the other replicas' chunks leave and arrive; all_gather: own mean leaves, others arrive.

@@ -11,9 +11,10 @@ momentum (the optimizer's part). A replica that saw no failure in that step appl
 mid-exchange loss that only some replicas notice leaves them apart, which the replica check
 (a digest all_gathered over the quorum) then stops.
 
-Only torchft's all_gather is used (its all-reduce machinery is not: flexdemo never sends a
-dense tensor); a failed collective is reported to the Manager, which turns it into a
-``should_commit`` of False, instead of killing the process.
+Only torchft's all_gather and all_to_all are used (not its all-reduce, whose sum order is
+the backend's: flexdemo's means must come out bit-identical on every replica); a failed
+collective is reported to the Manager, which turns it into a ``should_commit`` of False,
+instead of killing the process.
 """
 
 from __future__ import annotations
@@ -111,6 +112,20 @@ class ElasticGroup:
         except Exception as e:  # gloo / NCCL raise different types for a lost peer
             self.manager.report_error(e)
             out.copy_(mine.unsqueeze(0).expand_as(out))
+            return False
+
+    def all_to_all_into(self, out: torch.Tensor, mine: torch.Tensor) -> bool:
+        """Equal splits along dim 0: ``out``'s part ``r`` = replica r's part ``rank()`` of
+        ``mine``. On a failure, as :meth:`all_gather_into`: the Manager is told and ``out`` holds
+        this replica's own parts."""
+        from torch.distributed.distributed_c10d import AllToAllOptions
+
+        try:
+            self.pg.alltoall_base(out, mine, [], [], AllToAllOptions()).wait()
+            return True
+        except Exception as e:
+            self.manager.report_error(e)
+            out.copy_(mine)
             return False
 
     def shutdown(self) -> None:

@@ -37,6 +37,13 @@ steps move each weight by about the current lr, as at a run's start). Every repl
 only the one that blew up, so that after a discarded cycle all replicas are in the same
 condition (the global copy, a fresh inner state) whichever one failed. The LR schedule goes on.
 
+Over an elastic replica group (torchft; flexdemo.elastic) the replicas of an outer step are
+those of the quorum formed at its cycle's start, and the mean is over them. After the exchange
+torchft says whether the step may be applied (:meth:`ElasticGroup.commit`); one that may not
+(a replica was lost during the exchange) is not applied anywhere it failed: the error feedback
+gets back what it sent, the global copy and momentum stay, and the local parameters keep their
+progress, so the next outer step's pseudo-gradient covers both cycles (nothing is discarded).
+
 ``max_consecutive_skips`` (0: never) discarded cycles in a row raise :class:`RepeatedSkipsError`
 on every rank, naming the replicas and parameters: a fault that repeats every cycle (bad data,
 an inner lr that diverges) stops the run instead of letting it go on without learning.
@@ -60,13 +67,22 @@ from flexdemo.compression.exchange import (
     Traffic,
     check_replicate_group,
     distributed,
+    is_elastic,
     nonfinite_flags,
-    replica_mean,
     shard_group_of,
 )
 from flexdemo.local import local_tensor
 from flexdemo.optim.diloco_args import WIRE_DTYPES, Compression, StateDevice, check_args
-from flexdemo.optim.diloco_state import Entry, entries_state_dict, entry_keys, load_entries, new_entry
+from flexdemo.optim.diloco_dense import dense_outer_exchange
+from flexdemo.optim.diloco_state import (
+    Entry,
+    entries_state_dict,
+    entry_keys,
+    load_entries,
+    load_shared_copies,
+    new_entry,
+    shared_copies,
+)
 from flexdemo.optim.nonfinite import (
     RepeatedSkipsError,
     describe_nonfinite,
@@ -74,9 +90,6 @@ from flexdemo.optim.nonfinite import (
     reset_optimizer_state,
 )
 from flexdemo.wire.format import check_index_coding
-
-DENSE_BUCKET_ELEMENTS = 1 << 26  # 256 MiB of fp32 pseudo-gradient per dense exchange
-
 
 class DiLoCo:
     """The outer loop around an inner optimizer: call :meth:`before_inner_step` and
@@ -118,6 +131,8 @@ class DiLoCo:
         self.exchange_timeout = exchange_timeout
         self.nonfinite = nonfinite
         self.last_sync_skipped = False
+        self.last_sync_committed = True  # False: an elastic exchange failed; the cycle goes on
+        self.failed_syncs = 0  # such outer steps since this object was built
         self.max_consecutive_skips = max_consecutive_skips
         self.skipped_syncs = 0  # discarded cycles since this object was built
         self.consecutive_skips = 0
@@ -148,7 +163,7 @@ class DiLoCo:
             self._member_entry = {id(e.param): e for e in self.entries}
         else:
             self.compressor = None
-            if distributed():
+            if distributed() and not is_elastic(replicate_group):  # elastic: checked at join instead
                 check_settings_agree("DiLoCo", {**agree, **dense_settings(params)}, replicate_group,
                                      _device_of(params))
 
@@ -193,15 +208,18 @@ class DiLoCo:
             self.last_traffic, skip = self._sync_topk(bad)
         else:
             self.last_traffic, skip = self._sync_dense(bad)
-        self.last_sync_skipped = skip
-        if skip:
+        self.last_sync_skipped = bool(skip)
+        if skip is None:  # elastic, not committed: nothing applied, the local progress kept
+            self.failed_syncs += 1
+        elif skip:
             self._discard_cycle(bad, each)
         else:
             self.consecutive_skips, self.last_skipped_by = 0, {}
+        self.last_sync_committed = skip is not None
         if self.offload and self.entries and local_tensor(self.entries[0].param).is_cuda:
             torch.cuda.current_stream().synchronize()  # host copies complete before anyone reads them
         self.inner_steps = 0
-        self.outer_steps += 1
+        self.outer_steps += skip is not None
         self._sync_timer = timer.stop()
         if skip:
             self._stop_if_repeated()
@@ -231,38 +249,20 @@ class DiLoCo:
                 "repeats every cycle (bad data? an inner lr that diverges?); stopping"
             )
 
-    def _sync_dense(self, bad: bool) -> tuple[Traffic, bool]:
-        traffic = Traffic()
-        wire = WIRE_DTYPES[self.value_encoding]
-        for i, bucket in enumerate(_dense_buckets(self.entries)):
-            device = local_tensor(bucket[0].param).device
-            flagged = i == 0  # the first bucket carries one more element: this replica's flag
-            flat = torch.empty(sum(local_tensor(e.param).numel() for e in bucket) + flagged, device=device)
-            offset = 0
-            for e in bucket:
-                local = local_tensor(e.param)
-                out = flat[offset : offset + local.numel()].view(local.shape)
-                if bad:
-                    out.zero_()  # nothing non-finite leaves this replica
-                else:
-                    torch.sub(self._on_device(e.global_copy, local), local, out=out)
-                offset += local.numel()
-            if flagged:
-                flat[-1] = float(bad)
-            timer = ExchangeTimer(device)
-            mean, t = replica_mean(flat, self.replicate_group, wire, self.exchange_timeout)
-            self._timers.append(timer.stop())
-            traffic = traffic + t
-            if flagged and mean[-1].item() > 0:  # some replica flagged: all skip, and send nothing more
-                return traffic, True
-            offset = 0
-            for e in bucket:
-                local = local_tensor(e.param)
-                self._outer_update(e, mean[offset : offset + local.numel()].view(local.shape))
-                offset += local.numel()
-        return traffic, False
+    def _sync_dense(self, bad: bool) -> tuple[Traffic, bool | None]:
+        traffic, skip, self._timers = dense_outer_exchange(
+            self.entries, bad, self._on_device, self._apply_mean, self.replicate_group,
+            WIRE_DTYPES[self.value_encoding], self.exchange_timeout)
+        return traffic, skip
 
-    def _sync_topk(self, bad: bool) -> tuple[Traffic, bool]:
+    def _apply_mean(self, bucket: list[Entry], mean: torch.Tensor) -> None:
+        offset = 0
+        for e in bucket:
+            local = local_tensor(e.param)
+            self._outer_update(e, mean[offset : offset + local.numel()].view(local.shape))
+            offset += local.numel()
+
+    def _sync_topk(self, bad: bool) -> tuple[Traffic, bool | None]:
         comp = self.compressor
         payloads, sent = [], []
         for b in comp.buckets:
@@ -281,14 +281,15 @@ class DiLoCo:
         timer = ExchangeTimer(comp.device)
         gathered = comp.exchange(payloads, torch.tensor([int(bad)], dtype=torch.uint8))
         self._timers.append(timer.stop())
-        if any(comp.flags(gathered)):  # nobody applies it: each error feedback gets back what it sent
+        committed = comp.commit()  # elastic: whether torchft lets this replica apply it
+        if not committed or any(comp.flags(gathered)):  # not applied: error feedback gets back what it sent
             for b, (idx, vals) in zip(comp.buckets, sent):
                 for i, m in enumerate(b.members):
                     e = self._member_entry[id(m.param)]
                     acc = self._on_device(e.error_feedback, local_tensor(e.param))
                     comp.restore(b, idx, vals, [acc], members=[i])
                     self._to_state(e.error_feedback, acc)
-            return comp.last_traffic, True
+            return comp.last_traffic, (True if committed else None)
         for b, (sent_idx, sent_vals) in zip(comp.buckets, sent):
             idx, vals = comp.unpack(b, gathered)
             dropped = comp.dropped(b, idx, sent_idx, sent_vals)  # sharded: back into error feedback
@@ -359,26 +360,20 @@ class DiLoCo:
         load_entries(self.entries, sd, prefix, replica_prefix)
         self.has_global = True
 
+    def heal_state(self) -> dict:
+        """For a replica rejoining over torchft (at a cycle's start): what the replicas share.
+        Before the first cycle there is no global copy yet: the parameters (healed too) make it."""
+        return {"outer_steps": self.outer_steps,
+                "tensors": shared_copies(self.entries) if self.has_global else None}
+
+    def load_heal_state(self, sd: dict) -> None:
+        """From a live peer at a cycle's start: its global copy and momentum; a new cycle."""
+        if sd["tensors"] is not None:
+            load_shared_copies(self.entries, sd["tensors"])
+        self.outer_steps, self.inner_steps, self.has_global = sd["outer_steps"], 0, sd["tensors"] is not None
+
     def state_dict_keys(self, prefix: str, replica_prefix: str) -> list[str]:
         return [f"{prefix}cycle", *entry_keys(self.entries, prefix, replica_prefix)]
-
-
-def _dense_buckets(entries: list[Entry]) -> list[list[Entry]]:
-    """Consecutive entries of one device, at most DENSE_BUCKET_ELEMENTS each (a larger tensor
-    alone), so the dense exchange needs a bounded flat buffer. Empty shards are skipped."""
-    buckets, current, size = [], [], 0
-    for e in entries:
-        n = local_tensor(e.param).numel()
-        if n == 0:
-            continue
-        if current and size + n > DENSE_BUCKET_ELEMENTS:
-            buckets.append(current)
-            current, size = [], 0
-        current.append(e)
-        size += n
-    if current:
-        buckets.append(current)
-    return buckets
 
 
 def _device_of(params) -> torch.device:

@@ -62,6 +62,28 @@ def load_entries(entries: list[Entry], sd: dict[str, torch.Tensor], prefix: str,
         copy_in(local_tensor(e.param), sd[f"{replica_prefix}local.{e.name}"])
 
 
+def shared_copies(entries: list[Entry]) -> dict[str, torch.Tensor]:
+    """What a rejoining elastic replica takes from a live peer: the global copies and outer
+    momenta, as host copies (torchft sends them while this replica goes on training)."""
+    sd = {}
+    for e in entries:
+        sd[f"global.{e.name}"] = e.global_copy.detach().to("cpu", copy=True)
+        if e.momentum is not None:
+            sd[f"momentum.{e.name}"] = e.momentum.detach().to("cpu", copy=True)
+    return sd
+
+
+@torch.no_grad()
+def load_shared_copies(entries: list[Entry], sd: dict[str, torch.Tensor]) -> None:
+    """The inverse of :func:`shared_copies`; the local parameters := the global copy (a cycle
+    starts from it). The error feedback stays this replica's own."""
+    for e in entries:
+        e.global_copy.copy_(sd[f"global.{e.name}"])
+        if e.momentum is not None:
+            e.momentum.copy_(sd[f"momentum.{e.name}"])
+        local_tensor(e.param).copy_(e.global_copy)
+
+
 def entry_keys(entries: list[Entry], prefix: str, replica_prefix: str) -> list[str]:
     """The keys of :func:`entries_state_dict`, in its order."""
     keys = []

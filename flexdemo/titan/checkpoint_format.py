@@ -84,9 +84,10 @@ class Resume:
     replicas: int  # saved topology
     shards: int
     keys: set[str]  # the saved optimizer keys, without the "optimizer." prefix
+    elastic: bool = False  # an elastic replica's own checkpoint: its keys are under its replica_id
 
     def source_replica(self, replica: int) -> int:
-        return replica % self.replicas
+        return replica if self.elastic else replica % self.replicas
 
     def map_key(self, key: str, replica: int) -> str:
         """A key of this replica's own state -> the saved key it is read from."""
@@ -116,7 +117,8 @@ def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | 
     if (saved_replicas, saved_shards) != (replicas, shards) and cfg.mode == "demo" and cfg.overlap:
         raise error(f"checkpoint {path} holds an exchange in flight (overlap) of {saved_replicas} replicas x "
                     f"{saved_shards} shards; resume it on that topology")
-    return Resume(path, formats[0].group(0).removeprefix("optimizer."), saved_replicas, saved_shards, keys)
+    return Resume(path, formats[0].group(0).removeprefix("optimizer."), saved_replicas, saved_shards, keys,
+                  elastic=bool(job_config.fault_tolerance.enable))
 
 
 def _check_data_position(job_config, path: str, every_key: set[str], replicas: int, shards: int, error) -> None:

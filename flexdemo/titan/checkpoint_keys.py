@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
+from flexdemo.compression.exchange import is_elastic
+
 # Extra keys in the (flattened) optimizer state dict: the step count (the same on every rank)
 # and, per rank, [bytes_sent_total, bytes_received_total].
 STEP_KEY = "flexdemo.step"
@@ -101,7 +103,9 @@ class CheckpointKeys:
 
     def _log_resume(self) -> None:
         r = self.resume
-        replicas = dist.get_world_size(self.replicate_group) if self.replicate_group is not None else 1
+        # an elastic replica's checkpoint is its own job's: one replica
+        replicas = (1 if self.replicate_group is None or is_elastic(self.replicate_group)
+                    else dist.get_world_size(self.replicate_group))
         shards = self.world_size() // replicas
         if (r.replicas, r.shards) == (replicas, shards):
             return

@@ -87,15 +87,24 @@ class ReshardingDataloader(ParallelAwareDataloader):
         return super().__iter__()
 
 
-def saved_world_size_to_reshard(job_config: JobConfig) -> int | None:
+def saved_world_size_to_reshard(job_config: JobConfig, dp_rank: int = 0) -> int | None:
     """The data-parallel world size of the dataloader states torchtitan will load at start, or
-    None (nothing to load, or the dataloader excluded from loading)."""
+    None (nothing to load, or the dataloader excluded from loading, or an elastic replica's)."""
     if "dataloader" in (job_config.checkpoint.exclude_from_loading or []):
         return None
     path = checkpoint_to_resume(job_config)
     if path is None:
         return None
-    return saved_data_parallel_ranks(saved_keys(path)) or None
+    keys = saved_keys(path)
+    if elastic.enabled(job_config):
+        # Each elastic replica saves only its own ranks' positions, in a data world fixed by
+        # group_size: loaded as they are, never resharded.
+        if f"dataloader.dp_rank_{dp_rank}" not in keys:
+            raise ValueError(f"{path} holds no data position for data rank {dp_rank} (replica_id "
+                             f"{job_config.fault_tolerance.replica_id}): resume an elastic replica from its own "
+                             "checkpoint folder, with the same replica_id, group_size and GPUs per replica")
+        return None
+    return saved_data_parallel_ranks(keys) or None
 
 
 def resolve_assets_dir(job_config: JobConfig, corpus: str) -> str:
@@ -206,7 +215,7 @@ def build_dataloader(
         # Every worker would replay the same stream: duplicate samples, not more speed.
         raise ValueError(f"{name} supports training.dataloader.num_workers 0 or 1")
     return ReshardingDataloader(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
-                                saved_world_size=saved_world_size_to_reshard(job_config), **kwargs)
+                                saved_world_size=saved_world_size_to_reshard(job_config, dp_rank), **kwargs)
 
 
 def build_tokenizer(job_config: JobConfig) -> BaseTokenizer:

@@ -7,12 +7,19 @@ Between replicas there is no torch.distributed world: flexdemo's exchange runs o
 process group (:class:`flexdemo.elastic.ElasticGroup`), reformed by the Lighthouse
 (``$TORCHFT_LIGHTHOUSE``, ``scripts/lighthouse.sh``) before every step.
 
+In the DiLoCo modes the quorum is formed only at a cycle's start (the outer step's members
+are those that start the cycle together; nothing crosses between replicas in between), so a
+replica rejoins where the others' parameters are the global copy they share.
+
 What a rejoining replica takes from a live peer (torchft's checkpoint transport, before its
 first forward pass): the parameters, the lr schedule and the lrs it set, the step and token
-counts, and the optimizer container's counters. Not DeMo's momentum: a copy of a peer's would make the two
-send the same coefficients from then on; the rejoined replica's momentum starts from zero, as
-at step 1. Its data: its own shard from the start (torchft's default; the dataloader is not
-healed), so some of its documents are seen twice.
+counts, the optimizer container's counters, and in the DiLoCo modes the global copy and outer
+momentum. Not DeMo's momentum, nor DiLoCo's error feedback or inner optimizer state: they are
+each replica's own (a copy of a peer's momentum would make the two send the same coefficients
+from then on); the rejoined replica's start from zero, as at step 1. Its data: its own shard
+from the start (torchft's default; the dataloader is not healed), so some of its documents are
+seen twice. Before loading anything it compares the peer's settings and install with its own
+(flexdemo.titan.elastic_join) and is refused on a difference.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from torchtitan.components.checkpoint import LR_SCHEDULER, MODEL
 from torchtitan.tools.logging import logger
 
 from flexdemo.elastic.group import ElasticGroup
+from flexdemo.optim.diloco_state import shared_copies
 
+from .elastic_join import join_settings, refuse_if_different
 from .replicas import ReplicaSyncError, local_named_params
 
 _GROUP: ElasticGroup | None = None
@@ -56,18 +65,33 @@ def data_shard(job_config, dp_world_size: int, dp_rank: int) -> tuple[int, int]:
     return dp_world_size * ft.group_size, dp_world_size * ft.replica_id + dp_rank
 
 
+def quorum_due(trainer) -> bool:
+    """Whether this step starts with a quorum: every step, but in the DiLoCo modes only at a
+    cycle's start."""
+    outer = getattr(trainer.optimizers, "outer", None)
+    return outer is None or outer.inner_steps == 0
+
+
 def attach(trainer) -> None:
     """Let a rejoining replica heal from this one's state, and this one from a live peer's."""
     group, states = _GROUP, trainer.checkpointer.states
-    container = trainer.optimizers
+    container, outer = trainer.optimizers, trainer.optimizers.outer
+    settings = join_settings(trainer.job_config)
+    replica_id = trainer.job_config.fault_tolerance.replica_id
 
     def state_dict():
-        # The lrs as well as the schedule: a scheduler's state sets its optimizer's lr only at its next step.
-        return {"model": states[MODEL].state_dict(), "lr_scheduler": states[LR_SCHEDULER].state_dict(),
+        # torchft serves these while this replica trains on: it copies device tensors to the host
+        # before the quorum returns, host tensors not, so those are copied here. The lrs as well
+        # as the schedule: a scheduler's state sets its optimizer's lr only at its next step.
+        model = {k: v.detach().clone() if torch.is_tensor(v) and v.device.type == "cpu" else v
+                 for k, v in states[MODEL].state_dict().items()}
+        return {"settings": settings, "model": model, "lr_scheduler": states[LR_SCHEDULER].state_dict(),
                 "lrs": [[g["lr"] for g in opt.param_groups] for opt in container.optimizers],
-                "train_state": trainer.state_dict(), "optimizer_steps": container.step_count}
+                "train_state": trainer.state_dict(), "optimizer_steps": container.step_count,
+                "outer": outer.heal_state() if outer is not None else None}
 
     def load_state_dict(sd):
+        refuse_if_different(settings, sd["settings"], replica_id)  # before anything is loaded
         states[MODEL].load_state_dict(sd["model"])
         states[LR_SCHEDULER].load_state_dict(sd["lr_scheduler"])
         for opt, lrs in zip(container.optimizers, sd["lrs"], strict=True):
@@ -75,32 +99,39 @@ def attach(trainer) -> None:
                 g["lr"] = lr
         trainer.load_state_dict(sd["train_state"])
         container.step_count = sd["optimizer_steps"]
+        if outer is not None:
+            outer.load_heal_state(sd["outer"])
         logger.info(f"flexdemo: elastic replica healed from a live peer at step {trainer.step}")
 
     group.manager.register_state_dict_fn("flexdemo", load_state_dict, state_dict)
 
 
 @torch.no_grad()
-def params_digest(model_parts) -> str:
+def digest(named_tensors) -> str:
     h = hashlib.sha256()
-    for name, t in local_named_params(model_parts):
+    for name, t in named_tensors:
         h.update(name.encode())
         h.update(t.detach().float().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
 @torch.no_grad()
-def verify_identical(model_parts, group: ElasticGroup, step: int) -> str:
-    """Every replica of this step's quorum holds the same parameters (same shard index): one
-    all_gather of a 16-hex-digit digest. Returns it; raises ReplicaSyncError naming who differs."""
-    digest = params_digest(model_parts)
-    mine = torch.frombuffer(bytearray(digest.encode()), dtype=torch.uint8)
+def verify_identical(model_parts, group: ElasticGroup, step: int, outer=None) -> str:
+    """Every replica of this step's quorum holds the same parameters (same shard index), or in
+    the DiLoCo modes (``outer``) the same global copy and outer momentum (what they share, also
+    after an outer step that was not committed): one all_gather of a 16-hex-digit digest.
+    Returns it; raises ReplicaSyncError naming who differs."""
+    if outer is None:
+        what, mine_digest = "params", digest(local_named_params(model_parts))
+    else:
+        what, mine_digest = "global copy", digest(sorted(shared_copies(outer.entries).items()))
+    mine = torch.frombuffer(bytearray(mine_digest.encode()), dtype=torch.uint8)
     everyone = torch.empty(group.size(), mine.numel(), dtype=torch.uint8)
     group.all_gather_into(everyone, mine)
     differ = [r for r in range(everyone.shape[0]) if not torch.equal(everyone[r], mine)]
-    logger.info(f"flexdemo: elastic step {step}: {group.size()} replicas took part, params digest {digest}"
+    logger.info(f"flexdemo: elastic step {step}: {group.size()} replicas took part, {what} digest {mine_digest}"
                 + (f", replicas {differ} differ" if differ else ""))
     if differ:
-        raise ReplicaSyncError(f"elastic replicas {differ} of this step's quorum hold other parameters than "
+        raise ReplicaSyncError(f"elastic replicas {differ} of this step's quorum hold another {what} than "
                                f"replica {group.rank()} at step {step}")
-    return digest
+    return mine_digest

@@ -8,15 +8,15 @@ import os
 
 from flexdemo.elastic.group import LIGHTHOUSE_ENV
 
-ELASTIC_MODES = ("demo",)  # the DiLoCo modes' outer step does not run over torchft yet
+ELASTIC_MODES = ("demo", "diloco", "demo_diloco")  # "off" is HSDP: FSDP's all-reduce spans the replicas
 
 
 def check_elastic(job_config, fail) -> None:
     """``fail(message)`` raises the config error."""
     c, ft, p = job_config.flexdemo, job_config.fault_tolerance, job_config.parallelism
     if c.mode not in ELASTIC_MODES:
-        fail(f"fault_tolerance.enable: mode={c.mode!r} cannot run elastic replicas yet; "
-             f"modes that can: {', '.join(ELASTIC_MODES)}")
+        fail(f"fault_tolerance.enable: mode={c.mode!r} cannot run elastic replicas (its replicas are one "
+             f"FSDP job); modes that can: {', '.join(ELASTIC_MODES)}")
     if ft.semi_sync_method is not None:
         fail(f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r} is torchtitan's own DiLoCo; flexdemo's "
              "modes bring their own exchange: leave it unset")

@@ -109,7 +109,10 @@ class FlexOptimizersContainer(CheckpointKeys, SkipReporting, ExchangeAccounting,
         self._report_skipped_step()
         if self.uses_fused_kernels and self.last_bytes_sent and len(self._fused_step_seconds) < 2:
             self._report_kernel_compilation()
-        if synced:
+        if synced and not self.outer.last_sync_committed:
+            logger.warning(f"flexdemo: the outer step after step {self.step_count} was not committed (an elastic "
+                           "replica failed during the exchange): nothing applied, the cycle goes on")
+        elif synced:
             logger.info(
                 f"flexdemo: outer step {self.outer.outer_steps} after step {self.step_count} "
                 f"({self.outer.compression}, {self.last_bytes_sent} bytes sent, "
@@ -126,7 +129,7 @@ class FlexOptimizersContainer(CheckpointKeys, SkipReporting, ExchangeAccounting,
             shared = [t for e in self.outer.entries for t in (e.global_copy, e.momentum) if t is not None] \
                 if self.outer is not None else []
             if is_elastic(self.replicate_group):  # no torch.distributed world across replicas
-                elastic.verify_identical(self.model_parts, self.replicate_group, self.step_count)
+                elastic.verify_identical(self.model_parts, self.replicate_group, self.step_count, self.outer)
                 return
             with self.consensus():
                 rep.verify_or_resync(self.model_parts, self.replicate_group, self.step_count,

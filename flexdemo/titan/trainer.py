@@ -15,8 +15,8 @@ losses stay global (flexdemo's metrics processor rescales their average, see met
 Under torchtitan's own entry point (the stock Trainer) the all-reduce stays and the
 gradients are rescaled instead.
 
-With ``[fault_tolerance] enable`` each replica is its own job and every step starts with
-torchft's quorum (flexdemo.titan.elastic).
+With ``[fault_tolerance] enable`` each replica is its own job and every step (in the DiLoCo
+modes: every cycle) starts with torchft's quorum (flexdemo.titan.elastic).
 
 With ``overlap_lookahead`` the validator is wrapped to score the replicas' common parameters
 (validation.ConsensusValidator); the stock Trainer would score each replica's look-ahead.
@@ -41,13 +41,13 @@ class FlexTrainer(Trainer):
         # overlap_lookahead: validation scores the replicas' common parameters, not one's look-ahead.
         if getattr(self, "validator", None) is not None and flex is not None and flex.overlap_lookahead:
             self.validator = ConsensusValidator(self.validator, self.optimizers.consensus)
-        # Elastic replicas (fault_tolerance.enable): torchft's quorum before every step; a replica
+        # Elastic replicas (fault_tolerance.enable): torchft's quorum before every step (cycle); a replica
         # behind the others heals there from a live peer (flexdemo.titan.elastic).
         self.elastic_group = elastic.elastic_group(job_config) if elastic.enabled(job_config) else None
         if self.elastic_group is not None:
             elastic.attach(self)
 
     def train_step(self, data_iterator):
-        if self.elastic_group is not None:
+        if self.elastic_group is not None and elastic.quorum_due(self):
             self.elastic_group.start_step()
         return super().train_step(data_iterator)
