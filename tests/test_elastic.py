@@ -93,3 +93,29 @@ def test_a_killed_replica_is_dropped_and_rejoins_bitwise_equal(lighthouse, tmp_p
     for r in after:
         assert r["digest"] == by_step[r["step"]]["digest"], f"step {r['step']}"
         assert r["participants"] == by_step[r["step"]]["participants"] == 3
+
+
+@pytest.mark.timeout(120)
+def test_the_dense_replica_mean_over_torchft_is_the_same_bits_everywhere(lighthouse, tmp_path):
+    # DiLoCo's dense exchange over torchft's all_to_all and all_gather: every replica receives
+    # the fp32 mean of both inputs, bit for bit, however torchft ranked the two.
+    import torch
+
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse, "OMP_NUM_THREADS": "1"}
+    outs = [tmp_path / f"replica{r}.pt" for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "elastic_mean_worker.py"), str(r), str(outs[r])],
+                              env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"r{r}.err", "w"))
+             for r in range(2)]
+    try:
+        codes = [p.wait(timeout=100) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0, 0], (tmp_path / "r0.err").read_text()[-2000:]
+    a, b = (torch.load(o) for o in outs)
+    expected = (a["input"] + b["input"]) / 2
+    for r in (a, b):
+        assert r["participants"] == 2 and r["committed"]
+        assert torch.equal(r["mean"], expected)
+        assert r["received"] > 0

@@ -1,6 +1,7 @@
 """Elastic replicas through torchtitan (flexdemo.titan.elastic): the [fault_tolerance] checks,
-an unreachable Lighthouse, and scripts/elastic_demo.sh end to end (three CPU replicas, one
-killed and restarted), whose closing line is the one the docs show."""
+an unreachable Lighthouse, a joining replica whose settings differ, and scripts/elastic_demo.sh
+end to end (three CPU replicas, one killed and restarted from its checkpoint folder, in the
+per-step mode and in demo_diloco), whose closing lines are the ones the docs show."""
 
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ def _job(*overrides):
 @pytest.mark.parametrize("overrides,env,match", [
     ([], None, r"needs \$TORCHFT_LIGHTHOUSE=http://HOST:PORT"),
     (["--parallelism.data_parallel_replicate_degree", "2"], "x", r"data_parallel_replicate_degree must be 1"),
-    (["--flexdemo.mode", "diloco"], "x", r"mode='diloco' cannot run elastic replicas yet"),
     (["--flexdemo.overlap"], "x", r"turn overlap off"),
     (["--flexdemo.exchange", "sharded"], "x", r"only 'allgather' runs over torchft"),
     (["--fault_tolerance.replica_id", "3"], "x", r"0 <= replica_id < group_size"),
@@ -71,13 +71,67 @@ def test_an_unreachable_lighthouse_ends_the_replica_with_one_line(tmp_path, asse
     assert time.time() - start < 100
 
 
-@pytest.mark.timeout(900)
+def test_a_replica_is_refused_at_join_naming_the_setting_it_does_not_share():
+    from flexdemo.elastic.group import ElasticJoinError
+    from flexdemo.titan.elastic_join import join_settings, refuse_if_different
+
+    quorum = join_settings(_job())
+    names = [k for k, _ in quorum]
+    assert "flexdemo.topk" in names and "torch version" in names and "fault_tolerance.group_size" in names
+    assert not any("replica_id" in k or "dump_folder" in k for k in names)  # each replica's own
+    refuse_if_different(join_settings(_job("--fault_tolerance.replica_id", "2")), quorum, 2)  # no error
+    with pytest.raises(ElasticJoinError, match=r"replica 2 refused at join: its flexdemo.topk is 16, the quorum's "
+                                               r"is 32"):
+        refuse_if_different(join_settings(_job("--flexdemo.topk", "16")), quorum, 2)
+
+
+@pytest.mark.timeout(200)
+def test_a_joining_replica_with_other_settings_is_refused_and_says_which(tmp_path, assets):
+    port = free_port()
+    lighthouse = subprocess.Popen(["bash", str(REPO / "scripts" / "lighthouse.sh"), str(port), "2"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{port}", "OMP_NUM_THREADS": "1"}
+    procs = []
+    try:
+        for replica, extra in ((0, []), (1, ["--flexdemo.topk", "16"])):
+            cmd = ["bash", str(LAUNCH), str(CONFIGS / "cpu_elastic_demo.toml"), "--fault_tolerance.replica_id",
+                   str(replica), "--model.hf_assets_path", str(assets), "--checkpoint.no_enable",
+                   "--job.dump_folder", str(tmp_path / f"r{replica}"), *extra]
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env={**env, "MASTER_PORT": str(free_port())},
+                                          stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"r{replica}.err", "w"),
+                                          start_new_session=True))
+        # At step 0 one of the two heals from the other (torchft's init_sync) and compares.
+        end = time.time() + 150
+        while time.time() < end and all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        refused = [r for r, p in enumerate(procs) if p.poll() is not None]
+    finally:
+        for p in [*procs, lighthouse]:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    assert len(refused) == 1, "neither replica was refused in time"
+    err = (tmp_path / f"r{refused[0]}.err").read_text()
+    lines = [x for x in err.splitlines() if "refused at join" in x]
+    assert procs[refused[0]].returncode != 0 and len(lines) == 1, err[-3000:]
+    theirs, ours = ("32", "16") if refused[0] == 1 else ("16", "32")
+    assert f"elastic replica {refused[0]} refused at join: its flexdemo.topk is {ours}, the quorum's is {theirs}" \
+        in lines[0]
+
+
+@pytest.mark.timeout(1500)
 def test_elastic_demo_survives_a_killed_replica_and_heals_it_bitwise(tmp_path, assets):
     env = {**os.environ, "FLEXDEMO_CACHE": os.environ["FLEXDEMO_CACHE"]}
-    r = subprocess.run(["bash", str(REPO / "scripts" / "elastic_demo.sh"), "--out", str(tmp_path), "--steps", "100",
-                        "--timeout", "400"], cwd=REPO, env=env, capture_output=True, text=True, timeout=880)
-    line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
-    m = re.fullmatch(r"elastic demo: survivors took (\d+) steps during the outage; rejoined replica bitwise "
-                     r"equal: (yes|no); final loss ([\d.]+) \(uninterrupted ([\d.]+)\)", line)
-    assert m, (line, r.stdout[-2000:], r.stderr[-2000:])
-    assert r.returncode == 0 and m.group(2) == "yes" and int(m.group(1)) >= 5, line
+    r = subprocess.run(["bash", str(REPO / "scripts" / "elastic_demo.sh"), "--out", str(tmp_path), "--steps", "120",
+                        "--timeout", "400"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1450)
+    lines = r.stdout.strip().splitlines()[-2:]
+    for mode, line in zip(("demo", "demo_diloco"), lines):
+        m = re.fullmatch(rf"elastic {mode}: survivors took (\d+) steps during the outage; rejoined replica bitwise "
+                         r"equal: (yes|no); final loss ([\d.]+) \(uninterrupted ([\d.]+)\)", line)
+        assert m, (line, r.stdout[-2000:], r.stderr[-2000:])
+        assert m.group(2) == "yes" and int(m.group(1)) >= 5, line
+        # the restarted replica loaded its own checkpoint, then took the live peers' later state
+        m = re.search(rf"elastic {mode}: replica 2 restarted, loaded its checkpoint of step (\d+), healed from a "
+                      r"live peer at step (\d+)", r.stderr)
+        assert m and int(m.group(2)) > int(m.group(1)) >= 10, r.stderr[-2000:]
+    assert r.returncode == 0 and len(lines) == 2, r.stdout[-2000:]

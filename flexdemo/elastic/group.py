@@ -42,6 +42,9 @@ class ElasticGroup:
     def __init__(self, manager, pg):
         self.manager, self.pg = manager, pg
         self.failed_steps = 0  # steps whose exchange failed here (not applied)
+        # Before the first quorum there is no process group: torch's optimizer-state loading runs
+        # one step with zero gradients (lr 0) to create the state, which exchanges nothing here.
+        self.joined = False
 
     @classmethod
     def create(cls, *, replica_id: int, min_replicas: int, backend: str, timeout_s: float,
@@ -85,9 +88,10 @@ class ElasticGroup:
     def start_step(self) -> None:
         """The quorum for the coming step; a replica behind the others loads a peer's state here."""
         self.manager.start_quorum()
+        self.joined = True
 
     def size(self) -> int:
-        return self.manager.num_participants()
+        return self.manager.num_participants() if self.joined else 1
 
     def rank(self) -> int:
         r = self.manager.participating_rank()
@@ -95,6 +99,8 @@ class ElasticGroup:
 
     def commit(self) -> bool:
         """Whether this step's update may be applied (every collective of the step succeeded)."""
+        if not self.joined:
+            return False
         ok = self.manager.should_commit()
         self.failed_steps += not ok
         return ok
@@ -106,6 +112,9 @@ class ElasticGroup:
         False) and ``out`` holds this replica's payload in every row: the bytes are never applied."""
         from torch.distributed.distributed_c10d import AllgatherOptions
 
+        if not self.joined:
+            out.copy_(mine.unsqueeze(0).expand_as(out))
+            return False
         try:
             self.pg.allgather([list(out.unbind(0))], [mine], AllgatherOptions()).wait()
             return True
@@ -120,6 +129,9 @@ class ElasticGroup:
         this replica's own parts."""
         from torch.distributed.distributed_c10d import AllToAllOptions
 
+        if not self.joined:
+            out.copy_(mine)
+            return False
         try:
             self.pg.alltoall_base(out, mine, [], [], AllToAllOptions()).wait()
             return True
