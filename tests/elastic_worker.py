@@ -1,7 +1,8 @@
 """One replica of the elastic toy run (tests/test_elastic.py): a small MLP trained by DeMo over
 an ``ElasticGroup`` (torchft), one process per replica, its own gloo world of one.
 
-  python tests/elastic_worker.py REPLICA_ID STEPS OUT_JSONL   (env: TORCHFT_LIGHTHOUSE)
+  python tests/elastic_worker.py REPLICA_ID STEPS OUT_JSONL   (env: TORCHFT_LIGHTHOUSE;
+                                                             ELASTIC_EXCHANGE: allgather or sharded)
 
 Each committed or skipped step writes one JSON line: the step, how many replicas took part,
 whether it was applied, and a SHA-256 of the parameters' bytes after it. The replica's data
@@ -48,7 +49,8 @@ def main() -> None:
 
     group = ElasticGroup.create(replica_id=replica, min_replicas=1, backend="gloo", timeout_s=20,
                                 state_dict=state_dict, load_state_dict=load_state_dict)
-    opt = DeMo(model.parameters(), lr=1e-2, compression_topk=4, compression_chunk=8, replicate_group=group)
+    opt = DeMo(model.parameters(), lr=1e-2, compression_topk=4, compression_chunk=8, replicate_group=group,
+               exchange=os.environ.get("ELASTIC_EXCHANGE", "allgather"))
     with open(out, "a") as log:
         while group.manager.current_step() < steps:
             group.start_step()  # a replica behind the others heals here

@@ -50,9 +50,11 @@ def lighthouse():
 
 
 @pytest.mark.timeout(240)
-def test_a_killed_replica_is_dropped_and_rejoins_bitwise_equal(lighthouse, tmp_path):
+@pytest.mark.parametrize("exchange", ["allgather", "sharded"])  # sharded: the owners' split follows the count
+def test_a_killed_replica_is_dropped_and_rejoins_bitwise_equal(lighthouse, tmp_path, exchange):
     steps = 60
-    env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse, "OMP_NUM_THREADS": "1", "ELASTIC_STEP_PAUSE": "0.25"}
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse, "OMP_NUM_THREADS": "1", "ELASTIC_STEP_PAUSE": "0.25",
+           "ELASTIC_EXCHANGE": exchange}
 
     def start(replica: int, log: Path) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, str(REPO / "tests" / "elastic_worker.py"), str(replica),

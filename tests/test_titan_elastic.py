@@ -32,7 +32,6 @@ def _job(*overrides):
     ([], None, r"needs \$TORCHFT_LIGHTHOUSE=http://HOST:PORT"),
     (["--parallelism.data_parallel_replicate_degree", "2"], "x", r"data_parallel_replicate_degree must be 1"),
     (["--flexdemo.overlap"], "x", r"turn overlap off"),
-    (["--flexdemo.exchange", "sharded"], "x", r"only 'allgather' runs over torchft"),
     (["--fault_tolerance.replica_id", "3"], "x", r"0 <= replica_id < group_size"),
     (["--fault_tolerance.min_replica_size", "4"], "x", r"min_replica_size=4"),
     (["--fault_tolerance.semi_sync_method", "diloco"], "x", r"torchtitan's own DiLoCo"),

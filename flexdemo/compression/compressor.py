@@ -161,18 +161,18 @@ class TopkCompressor:
         self.group = replicate_group
         entries = [[(t, tuple(local_tensor(t).shape), t.dtype) for t in ts] for ts in groups]
         self.buckets, coefficient_bytes = build_plan(entries, chunks, topks, encoding, index_coding)
-        self.nbytes = coefficient_bytes + FLAG_BYTES  # the flag byte ends each payload
+        self._allgather_nbytes = coefficient_bytes + FLAG_BYTES  # the flag byte ends each payload
         self._index = {id(b): i for i, b in enumerate(self.buckets)}
-        # "sharded": owners aggregate and re-compress (compression.sharded); one replica: nothing to shard.
+        # "sharded": owners aggregate and re-compress (compression.sharded); one replica: nothing to
+        # shard. Over an elastic group the owners' split follows each step's replica count (one
+        # replica too): a layout per (count, rank), made when first met (:attr:`sharded`).
         world = group_size(replicate_group)
-        self.sharded = None
-        if exchange == "sharded" and is_elastic(replicate_group):
-            raise ValueError("exchange = \"sharded\" runs all_to_all collectives, which torchft's elastic "
-                             "replica group does not offer; use exchange = \"allgather\" with fault tolerance")
-        if exchange == "sharded" and world > 1:
-            self.sharded = ShardedExchange(self.buckets, encoding, sharded_topk, world,
-                                           dist.get_rank(replicate_group))
-            self.nbytes = self.sharded.payload_nbytes
+        self._fixed_sharded = None
+        self._sharded_args = (encoding, sharded_topk) if exchange == "sharded" else None
+        self._sharded_layouts: dict[tuple[int, int], ShardedExchange] = {}
+        if exchange == "sharded" and world > 1 and not is_elastic(replicate_group):
+            self._fixed_sharded = ShardedExchange(self.buckets, encoding, sharded_topk, world,
+                                                  dist.get_rank(replicate_group))
         for i, b in enumerate(self.buckets):
             # the decode reads the owners' sharded_topk means per block in the sharded exchange
             k_read = self.sharded.k_decoded(i) if self.sharded else b.k
@@ -188,6 +188,21 @@ class TopkCompressor:
             settings["exchange"] = exchange if exchange == "allgather" else f"sharded, sharded_topk {sharded_topk}"
             settings["index coding"] = index_coding
             check_settings_agree(who, {**(agree or {}), **settings}, replicate_group, self.device)
+
+    @property
+    def sharded(self) -> ShardedExchange | None:
+        """The sharded exchange's layout for this step's replicas, or None (all_gather)."""
+        if self._sharded_args is None or not is_elastic(self.group):
+            return self._fixed_sharded
+        key = (self.group.size(), self.group.rank())
+        if key not in self._sharded_layouts:
+            self._sharded_layouts[key] = ShardedExchange(self.buckets, *self._sharded_args, *key)
+        return self._sharded_layouts[key]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this rank packs per exchange."""
+        return self.sharded.payload_nbytes if self.sharded is not None else self._allgather_nbytes
 
     def commit(self) -> bool:
         """Whether the last exchange's update may be applied: always, but over an elastic group,

@@ -126,6 +126,18 @@ def gather_payloads(mine: torch.Tensor, group, async_op: bool = False, timeout: 
     return gathered.view(world, total), Traffic(total, (world - 1) * total), work
 
 
+def all_to_all_split(out: torch.Tensor, mine: torch.Tensor, out_splits: list[int], in_splits: list[int], group,
+                     timeout: float | None, what: str) -> None:
+    """``out`` gets ``out_splits[r]`` bytes from rank r, which are its ``in_splits[me]`` for me.
+    Over an elastic group a failure is left to the step's commit (``out`` is then zeros)."""
+    if is_elastic(group):
+        group.all_to_all_into(out, mine, out_splits, in_splits)
+        return
+    work = dist.all_to_all_single(out, mine, output_split_sizes=out_splits, input_split_sizes=in_splits,
+                                  group=group, async_op=True)
+    wait_for(work, group, timeout, what)
+
+
 def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype,
                  timeout: float | None = None) -> tuple[torch.Tensor, Traffic]:
     """Mean over the replica group of a flat fp32 tensor, with ``wire_dtype`` on the wire.

@@ -29,10 +29,9 @@ error feedback equal the all_gather exchange's bit for bit.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from flexdemo.compression.codec import pack_payload, unpack_payload, vote_totals
-from flexdemo.compression.exchange import Traffic, wait_for
+from flexdemo.compression.exchange import Traffic, all_to_all_split
 from flexdemo.compression.plan import Bucket
 from flexdemo.wire.format import FLAG_BYTES, clamp_topk, coefficients_nbytes, means_encoding
 
@@ -105,9 +104,8 @@ class ShardedExchange:
                 offsets[i] += self.sent_bytes[i][o]
         send = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8, device=device)
         recv = torch.empty(W * self.part_bytes[me], dtype=torch.uint8, device=device)
-        work = dist.all_to_all_single(recv, send, output_split_sizes=[self.part_bytes[me]] * W,
-                                      input_split_sizes=self.part_bytes, group=group, async_op=True)
-        wait_for(work, group, timeout, "the sharded exchange (to the owners)")
+        all_to_all_split(recv, send, [self.part_bytes[me]] * W, self.part_bytes, group, timeout,
+                         "the sharded exchange (to the owners)")
         received = recv.view(W, self.part_bytes[me])
         # Owner: the mean of every coefficient of my blocks, re-compressed; my flag last.
         row = torch.empty(self.row_bytes[me], dtype=torch.uint8, device=device)
@@ -124,9 +122,8 @@ class ShardedExchange:
         # Stage 2: my row to every replica, every owner's row to me (rows differ in length by
         # a block or so per bucket: an all_to_all sends each exactly, an all_gather would pad).
         rows = torch.empty(self.row_starts[W], dtype=torch.uint8, device=device)
-        work = dist.all_to_all_single(rows, row.repeat(W), output_split_sizes=self.row_bytes,
-                                      input_split_sizes=[self.row_bytes[me]] * W, group=group, async_op=True)
-        wait_for(work, group, timeout, "the sharded exchange (from the owners)")
+        all_to_all_split(rows, row.repeat(W), self.row_bytes, [self.row_bytes[me]] * W, group, timeout,
+                         "the sharded exchange (from the owners)")
         return rows, self.traffic()
 
     def owner_means(self, idx: torch.Tensor, vals: torch.Tensor, block_numel: int,

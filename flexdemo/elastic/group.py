@@ -123,21 +123,21 @@ class ElasticGroup:
             out.copy_(mine.unsqueeze(0).expand_as(out))
             return False
 
-    def all_to_all_into(self, out: torch.Tensor, mine: torch.Tensor) -> bool:
-        """Equal splits along dim 0: ``out``'s part ``r`` = replica r's part ``rank()`` of
-        ``mine``. On a failure, as :meth:`all_gather_into`: the Manager is told and ``out`` holds
-        this replica's own parts."""
+    def all_to_all_into(self, out: torch.Tensor, mine: torch.Tensor, out_splits: list[int] | None = None,
+                        in_splits: list[int] | None = None) -> bool:
+        """``out``'s part ``r`` = replica r's part ``rank()`` of ``mine`` (dim 0; equal parts, or
+        the given sizes). On a failure the Manager is told and ``out`` holds zeros (never applied)."""
         from torch.distributed.distributed_c10d import AllToAllOptions
 
         if not self.joined:
-            out.copy_(mine)
+            out.zero_()
             return False
         try:
-            self.pg.alltoall_base(out, mine, [], [], AllToAllOptions()).wait()
+            self.pg.alltoall_base(out, mine, out_splits or [], in_splits or [], AllToAllOptions()).wait()
             return True
         except Exception as e:
             self.manager.report_error(e)
-            out.copy_(mine)
+            out.zero_()
             return False
 
     def shutdown(self) -> None:

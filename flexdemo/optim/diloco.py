@@ -91,6 +91,7 @@ from flexdemo.optim.nonfinite import (
 )
 from flexdemo.wire.format import check_index_coding
 
+
 class DiLoCo:
     """The outer loop around an inner optimizer: call :meth:`before_inner_step` and
     :meth:`after_inner_step` around every inner ``optimizer.step()``."""

@@ -16,9 +16,9 @@ first forward pass): the parameters, the lr schedule and the lrs it set, the ste
 counts, the optimizer container's counters, and in the DiLoCo modes the global copy and outer
 momentum. Not DeMo's momentum, nor DiLoCo's error feedback or inner optimizer state: they are
 each replica's own (a copy of a peer's momentum would make the two send the same coefficients
-from then on); the rejoined replica's start from zero, as at step 1. Its data: its own shard
-from the start (torchft's default; the dataloader is not healed), so some of its documents are
-seen twice. Before loading anything it compares the peer's settings and install with its own
+from then on); the rejoined replica's are what its own checkpoint held, or zero as at step 1.
+Its data: its own shard from where its checkpoint left it, or from the start (torchft's
+default; the dataloader is not healed), so some of its documents are seen twice. Before loading anything it compares the peer's settings and install with its own
 (flexdemo.titan.elastic_join) and is refused on a difference.
 """
 

@@ -34,8 +34,6 @@ def check_elastic(job_config, fail) -> None:
     if c.overlap:
         fail("fault_tolerance.enable with flexdemo.overlap: an exchange left in flight cannot cross a change "
              "of the replicas taking part; turn overlap off")
-    if c.exchange != "allgather":
-        fail(f"fault_tolerance.enable with flexdemo.exchange={c.exchange!r}: only 'allgather' runs over torchft")
     if importlib.util.find_spec("torchft") is None:
         fail("fault_tolerance.enable needs torchft: pip install -e \".[ft]\"")
     if not os.environ.get("TORCHFT_LIGHTHOUSE"):
