@@ -49,6 +49,7 @@ from flexdemo.compression.exchange import (
 )
 from flexdemo.local import local_tensor as _local
 from flexdemo.optim.lookahead import LookaheadMixin
+from flexdemo.optim.overlap import OverlapMixin
 from flexdemo.wire.format import check_encoding
 
 
@@ -59,7 +60,7 @@ class NonFiniteGradientError(NonFiniteError):
     """A replica saw a non-finite gradient and ``nonfinite="stop"``: raised on every replica."""
 
 
-class DeMo(LookaheadMixin, torch.optim.Optimizer):
+class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
     def __init__(
         self,
         params,
@@ -343,50 +344,6 @@ class DeMo(LookaheadMixin, torch.optim.Optimizer):
                 dropped = comp.dropped(b, idx, *sent[i])
                 comp.restore(b, sent[i][0], dropped if keep is None else dropped * keep,
                              [_local(self.state[m.param]["delta"]) for m in b.members])
-
-    @torch.no_grad()
-    def finish_pending(self) -> None:
-        """overlap: wait for the exchange in flight and apply its update now."""
-        self._undo_lookahead()  # the update applies to the replicas' common parameters
-        if self._pending is not None:
-            gathered = self._pending.result()
-            self._waited_seconds = self._pending.waited_seconds
-            pending, self._pending = self._pending, None
-            self._finish(gathered, self._pending_lrs, self._pending_sent, flags=pending.flags)
-            # This step's encode reads the momentum next. On CUDA the flags were copied as soon
-            # as the exchange landed (a side stream), so this waits for that copy only.
-            self._settle()
-            del pending
-
-    def pending_state(self) -> dict[str, torch.Tensor]:
-        """overlap: the exchange in flight (waited for), to checkpoint with fixed shapes:
-        ``pending`` (0/1), every replica's ``bytes``, and the ``lrs`` (one per param group)
-        its update is applied with."""
-        groups = len(self.param_groups)
-        size = self.replica_world_size * self.compressor.nbytes
-        if self._pending is not None and self.nonfinite == "skip" and any(self.compressor.flags(self._pending.result())):
-            self.finish_pending()  # a skipped update: resolve it now (restores the momentum), nothing to carry
-        if self._pending is None:
-            out = {"pending": torch.zeros(1, dtype=torch.int64), "bytes": torch.zeros(size, dtype=torch.uint8),
-                   "lrs": torch.zeros(groups, dtype=torch.float64)}
-        else:
-            out = {"pending": torch.ones(1, dtype=torch.int64), "bytes": self._pending.result().reshape(-1).cpu(),
-                   "lrs": torch.tensor(self._pending_lrs, dtype=torch.float64)}
-        if self.lookahead:  # whether the saved parameters hold a look-ahead (the next step goes back to the base)
-            out["lookahead"] = torch.tensor([int(self._lookahead_on)], dtype=torch.int64)
-        return out
-
-    def load_pending_state(self, state: dict[str, torch.Tensor]) -> None:
-        self._lookahead_on = self.lookahead and bool(int(state["lookahead"].item()))  # key only with lookahead
-        if not int(state["pending"].item()):
-            self._pending = None
-            return
-        gathered = state["bytes"].to(self.compressor.device).view(self.replica_world_size, self.compressor.nbytes)
-        me = dist.get_rank(self.replicate_group) if self.replica_world_size > 1 else 0
-        self._pending = StartedExchange(gathered, None, sent_row=gathered[me])
-        self._pending_lrs = state["lrs"].tolist()
-        self._restore_lookahead()
-        self._pending_sent = None  # a carried exchange is applied, or (nonfinite="stop") raises
 
     def _create_state(self) -> None:
         for p in self._trainable():

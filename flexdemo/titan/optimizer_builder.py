@@ -21,7 +21,8 @@ from flexdemo.optim.diloco import DiLoCo
 
 from .checkpoint_format import format_key, format_tag, plan_resume
 from . import elastic
-from .config import DILOCO_MODES, FlexDemoConfigError, describe_exchange, flexdemo_section, ignored_keys
+from .config import DILOCO_MODES, FlexDemoConfigError, describe_exchange, flexdemo_section
+from .ignored_keys import ignored_keys
 from .exchange_accounting import modelled_hsdp_allreduce_bytes
 from .optimizer_container import FlexOptimizersContainer
 from .parallelize import JOB_CONFIG_ATTR
