@@ -20,9 +20,12 @@
 #                         update, replica check
 #   profile [RUN...]      torch.profiler traces of 1B runs (adamw, flexdemo, flexdemo_overlap) and
 #                         where each step's GPU time goes; LAYOUT=2x2 for 4 GPUs, STEPS (default 30)
+#   elastic [ARGS]        4 elastic replicas on torchft (one GPU each, small): one killed and restarted;
+#                         tokens/s before, during and after the outage, held-out loss against an
+#                         uninterrupted run (benchmarks/elastic_outage.py ARGS; needs the torchft wheels)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SUITE=${1:?usage: bash benchmarks/gpu.sh codec|step|outer|runs|link|checks|profile [ARGS...]}
+SUITE=${1:?usage: bash benchmarks/gpu.sh codec|step|outer|runs|link|checks|profile|elastic [ARGS...]}
 shift
 R="${OUT:-outputs}/$SUITE"
 mkdir -p "$R"
@@ -120,7 +123,13 @@ profile)
   done
   python3 benchmarks/summarize_logs.py "$R"/*.log | tee "$R/summary.md"
   ;;
+elastic)
+  # torchft_lighthouse: a console script of the torchft wheel, in /tmp/site/bin after pip --target
+  export PATH="/tmp/site/bin:$PATH"
+  # the runs' logs outside $OUT (few files come back from a device); packed into $R/logs.tgz
+  python3 benchmarks/elastic_outage.py --out "$R" --work outputs/elastic_runs "$@" 2>&1 | tail -40
+  ;;
 *)
-  echo "unknown suite $SUITE: codec, step, outer, runs, link, checks or profile" >&2; exit 2 ;;
+  echo "unknown suite $SUITE: codec, step, outer, runs, link, checks, profile or elastic" >&2; exit 2 ;;
 esac
 tar czf "${OUT:-outputs}/$SUITE.tgz" --exclude dumps -C "${OUT:-outputs}" "$SUITE"
