@@ -16,6 +16,7 @@ ALLOWED = {
     "RANK", "WORLD_SIZE", "TORCHELASTIC_ERROR_FILE",  # set by torchrun
     "TRITON_INTERPRET", "TRITON_CACHE_DIR",  # Triton's own settings
     "TORCHFT_LIGHTHOUSE",  # torchft's own: the Lighthouse of elastic replicas
+    "TORCHFT_QUORUM_TIMEOUT_SEC",  # torchft's own: how long a replica waits for a quorum
 }
 # The A/B switches and the launcher-only assets variable this replaced: never read again.
 REMOVED = {"FLEXDEMO_TOPK_BRACKET", "FLEXDEMO_FUSED_WARPS", "FLEXDEMO_ENCODE_MAXNREG",

@@ -27,6 +27,15 @@ import torch
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
 
+def default_quorum_timeout_s(timeout_s: float) -> float:
+    """How long a replica waits for a quorum ($TORCHFT_QUORUM_TIMEOUT_SEC, torchft's own, wins).
+    Longer than a collective's timeout: a survivor can be held that long by a collective with a
+    dead peer before it asks, and the others' requests must not expire meanwhile (with the two
+    equal, 4 replicas on gloo crashed). In the DiLoCo modes a joining replica waits for the next
+    cycle's start: the variable must then exceed one cycle's time."""
+    return max(60.0, 3 * timeout_s)
+
+
 class ElasticJoinError(RuntimeError):
     """This replica could not join the run (the Lighthouse did not answer): one line, exit 2."""
 
@@ -61,8 +70,8 @@ class ElasticGroup:
         timeout = timedelta(seconds=timeout_s)
         pg = (torchft.ProcessGroupNCCL if backend == "nccl" else torchft.ProcessGroupGloo)(timeout=timeout)
         try:
-            manager = cls._manager(torchft, pg, replica_id, min_replicas, timeout, quorum_timeout_s or timeout_s,
-                                   state_dict, load_state_dict)
+            manager = cls._manager(torchft, pg, replica_id, min_replicas, timeout,
+                                   quorum_timeout_s or default_quorum_timeout_s(timeout_s), state_dict, load_state_dict)
         except (RuntimeError, TimeoutError) as e:
             if "connect" not in str(e):
                 raise

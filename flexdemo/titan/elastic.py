@@ -18,23 +18,22 @@ momentum. Not DeMo's momentum, nor DiLoCo's error feedback or inner optimizer st
 each replica's own (a copy of a peer's momentum would make the two send the same coefficients
 from then on); the rejoined replica's are what its own checkpoint held, or zero as at step 1.
 Its data: its own shard from where its checkpoint left it, or from the start (torchft's
-default; the dataloader is not healed), so some of its documents are seen twice. Before loading anything it compares the peer's settings and install with its own
+default; the dataloader is not healed), so some of its documents are seen twice. Before
+loading anything it compares the peer's settings and install with its own
 (flexdemo.titan.elastic_join) and is refused on a difference.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 import torch
 from torchtitan.components.checkpoint import LR_SCHEDULER, MODEL
 from torchtitan.tools.logging import logger
 
 from flexdemo.elastic.group import ElasticGroup
-from flexdemo.optim.diloco_state import shared_copies
+from flexdemo.replica_check import tensor_hash
 
 from .elastic_join import join_settings, refuse_if_different
-from .replicas import ReplicaSyncError, local_named_params
+from .replicas import ReplicaSyncError, local_named_params, param_digest
 
 _GROUP: ElasticGroup | None = None
 
@@ -107,31 +106,29 @@ def attach(trainer) -> None:
 
 
 @torch.no_grad()
-def digest(named_tensors) -> str:
-    h = hashlib.sha256()
-    for name, t in named_tensors:
-        h.update(name.encode())
-        h.update(t.detach().float().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-@torch.no_grad()
 def verify_identical(model_parts, group: ElasticGroup, step: int, outer=None) -> str:
     """Every replica of this step's quorum holds the same parameters (same shard index), or in
     the DiLoCo modes (``outer``) the same global copy and outer momentum (what they share, also
-    after an outer step that was not committed): one all_gather of a 16-hex-digit digest.
-    Returns it; raises ReplicaSyncError naming who differs."""
+    after an outer step that was not committed): per tensor an int64 hash of its bits, computed
+    on the parameters' device (flexdemo.replica_check), one all_gather of them there (NCCL takes
+    device tensors only). Returns their 16-hex-digit digest; raises ReplicaSyncError naming who
+    differs."""
+    params = list(local_named_params(model_parts))
+    device = params[0][1].device if params else torch.device("cpu")
     if outer is None:
-        what, mine_digest = "params", digest(local_named_params(model_parts))
+        what, named = "params", params
     else:
-        what, mine_digest = "global copy", digest(sorted(shared_copies(outer.entries).items()))
-    mine = torch.frombuffer(bytearray(mine_digest.encode()), dtype=torch.uint8)
-    everyone = torch.empty(group.size(), mine.numel(), dtype=torch.uint8)
-    group.all_gather_into(everyone, mine)
-    differ = [r for r in range(everyone.shape[0]) if not torch.equal(everyone[r], mine)]
-    logger.info(f"flexdemo: elastic step {step}: {group.size()} replicas took part, {what} digest {mine_digest}"
+        what = "global copy"
+        named = [(f"{kind}.{e.name}", t) for e in outer.entries
+                 for kind, t in (("global", e.global_copy), ("momentum", e.momentum)) if t is not None]
+    hashes = torch.stack([tensor_hash(t, device) for _, t in named])
+    everyone = torch.empty(group.size(), hashes.numel(), dtype=hashes.dtype, device=device)
+    group.all_gather_into(everyone, hashes)
+    differ = [r for r in range(everyone.shape[0]) if not torch.equal(everyone[r], hashes)]
+    mine = param_digest(hashes)
+    logger.info(f"flexdemo: elastic step {step}: {group.size()} replicas took part, {what} digest {mine}"
                 + (f", replicas {differ} differ" if differ else ""))
     if differ:
-        raise ReplicaSyncError(f"elastic replicas {differ} of this step's quorum hold another {what} than "
+        raise ReplicaSyncError(f"elastic replicas {differ} of this step's quorum hold a different {what} than "
                                f"replica {group.rank()} at step {step}")
-    return mine_digest
+    return mine
