@@ -49,13 +49,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+from elastic_cluster import Cluster, last_logged_step  # noqa: E402
 from ports import free_port  # noqa: E402
 from process_tree import kill_tree  # noqa: E402
 from titan_logs import ANSI, RunLog, parse  # noqa: E402
 
 DIGEST = re.compile(r"elastic step (\d+): (\d+) replicas took part, params digest (\w+)")
 HEALED = re.compile(r"elastic replica healed from a live peer at step (\d+)")
-LOGGED_STEP = re.compile(r"step:\s*(\d+)\s+loss:")
 QUORUM_CHANGE = re.compile(r"Detected quorum change")
 
 
@@ -71,86 +71,23 @@ def visible_gpus() -> list[str]:
     return []
 
 
-def last_logged_step(log: Path) -> int:
-    if not log.exists():
-        return 0
-    text = ANSI.sub("", log.read_text(errors="replace"))
-    return max((int(m[1]) for m in LOGGED_STEP.finditer(text)), default=0)
+def start_replica(cluster: Cluster, args: argparse.Namespace, gpus: list[str], replica: int, name: str) -> None:
+    cluster.start(name, args.config, [
+        "--fault_tolerance.replica_id", str(replica), "--fault_tolerance.group_size", str(args.replicas),
+        "--fault_tolerance.min_replica_size", str(args.min_replicas), "--training.steps", str(args.steps),
+        "--metrics.log_freq", "1", "--metrics.disable_color_printing",
+        "--job.dump_folder", str(cluster.folder / "dumps" / name), *shlex.split(args.common)],
+        env={"CUDA_VISIBLE_DEVICES": gpus[replica % len(gpus)]} if gpus else None)
 
 
-class Cluster:
-    """A Lighthouse and the replicas' torchrun jobs of one run; logs in ``folder``."""
-
-    def __init__(self, folder: Path, args: argparse.Namespace, gpus: list[str]):
-        self.folder, self.args, self.gpus = folder, args, gpus
-        folder.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        self.env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{port}", "LOG_RANK": "0", "NPROC": "1",
-                    "JOIN_TIMEOUT_MS": str(args.join_timeout_ms)}
-        if args.quorum_timeout_s:  # torchft's own override of flexdemo's default
-            self.env["TORCHFT_QUORUM_TIMEOUT_SEC"] = str(args.quorum_timeout_s)
-        if not gpus:
-            self.env["OMP_NUM_THREADS"] = "1"
-        if not shutil.which("torchft_lighthouse", path=self.env.get("PATH")):
-            raise SystemExit("elastic_outage: torchft_lighthouse is not on PATH (pip install -e \".[ft]\"; "
-                             "with pip install --target DIR it is in DIR/bin)")
-        self.lighthouse = subprocess.Popen(
-            ["bash", str(REPO / "scripts" / "lighthouse.sh"), str(port), str(args.min_replicas)], env=self.env,
-            stdout=open(folder / "lighthouse.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.started: dict[str, float] = {}
-
-    def log(self, name: str) -> Path:
-        return self.folder / f"{name}.log"
-
-    def start(self, replica: int, name: str) -> None:
-        a = self.args
-        cmd = ["bash", str(REPO / "scripts" / "launch.sh"), str(a.config),
-               "--fault_tolerance.replica_id", str(replica), "--fault_tolerance.group_size", str(a.replicas),
-               "--fault_tolerance.min_replica_size", str(a.min_replicas), "--training.steps", str(a.steps),
-               "--metrics.log_freq", "1", "--metrics.disable_color_printing",
-               "--job.dump_folder", str(self.folder / "dumps" / name), *shlex.split(a.common)]
-        env = {**self.env, "MASTER_PORT": str(free_port())}
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = self.gpus[replica % len(self.gpus)]
-        (self.folder / f"{name}.cmd").write_text(" ".join(shlex.quote(c) for c in cmd) + "\n")
-        self.procs[name] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(self.log(name), "w"),
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-        self.started[name] = time.time()
-
-    def wait_for_step(self, name: str, step: int, deadline: float) -> None:
-        while time.time() < deadline:
-            if last_logged_step(self.log(name)) >= step:
-                return
-            if self.procs[name].poll() is not None:
-                raise RuntimeError(f"{name} ended (exit {self.procs[name].returncode}) before step {step}; "
-                                   f"see {self.log(name)}")
-            time.sleep(0.2)
-        raise TimeoutError(f"{name} did not reach step {step} in time")
-
-    def kill(self, name: str) -> None:
-        kill_tree(self.procs[name].pid)  # torchrun and its worker, which sits in a session of its own
-        self.procs[name].wait()
-
-    def wait_all(self, deadline: float) -> dict[str, int | None]:
-        codes: dict[str, int | None] = {}
-        for name, p in self.procs.items():
-            if p.returncode is None:
-                try:
-                    p.wait(timeout=max(1.0, deadline - time.time()))
-                except subprocess.TimeoutExpired:
-                    kill_tree(p.pid)
-                    p.wait()
-                    codes[name] = None  # timed out
-                    continue
-            codes[name] = p.returncode
-        return codes
-
-    def close(self) -> None:
-        for p in [*self.procs.values(), self.lighthouse]:
-            if p.poll() is None:
-                kill_tree(p.pid)
-                p.wait()
+def new_cluster(folder: Path, args: argparse.Namespace, gpus: list[str]) -> Cluster:
+    if not shutil.which("torchft_lighthouse"):
+        raise SystemExit("elastic_outage: torchft_lighthouse is not on PATH (pip install -e \".[ft]\"; "
+                         "with pip install --target DIR it is in DIR/bin)")
+    env = {"NPROC": "1", **({} if gpus else {"OMP_NUM_THREADS": "1"})}
+    if args.quorum_timeout_s:  # torchft's own override of flexdemo's default
+        env["TORCHFT_QUORUM_TIMEOUT_SEC"] = str(args.quorum_timeout_s)
+    return Cluster(folder, args.min_replicas, env, lighthouse_env={"JOIN_TIMEOUT_MS": str(args.join_timeout_ms)})
 
 
 def run_elastic(kind: str, args: argparse.Namespace, gpus: list[str]) -> dict:
@@ -162,17 +99,17 @@ def run_elastic(kind: str, args: argparse.Namespace, gpus: list[str]) -> dict:
     seen: dict = {"kind": kind, "events": {}}
     t0 = time.time()
     deadline = min(t0 + args.timeout, args.deadline)
-    cluster = Cluster(folder, args, gpus)
+    cluster = new_cluster(folder, args, gpus)
     try:
         for r in range(args.replicas):
-            cluster.start(r, f"replica{r}")
+            start_replica(cluster, args, gpus, r, f"replica{r}")
         if kind == "outage":
             cluster.wait_for_step(victim, args.kill_at, deadline)
             cluster.kill(victim)
             seen["events"]["killed_s"] = round(time.time() - t0, 1)
             seen["events"]["replica0_step_at_kill"] = last_logged_step(cluster.log("replica0"))
             cluster.wait_for_step("replica0", args.restart_at, deadline)
-            cluster.start(args.victim, f"{victim}_restarted")
+            start_replica(cluster, args, gpus, args.victim, f"{victim}_restarted")
             seen["events"]["restarted_s"] = round(time.time() - t0, 1)
             seen["events"]["replica0_step_at_restart"] = last_logged_step(cluster.log("replica0"))
         codes = cluster.wait_all(deadline)

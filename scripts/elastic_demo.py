@@ -22,17 +22,14 @@ loaded and the step it healed at from a live peer.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from ports import free_port  # noqa: E402
-from process_tree import kill_tree  # noqa: E402
+from elastic_cluster import Cluster, last_logged_step, log_text  # noqa: E402
 
 CONFIG = REPO / "train_configs" / "cpu_elastic_demo.toml"
 # The config is the per-step mode's; demo_diloco: AdamW inside each replica, an outer step every 5.
@@ -50,81 +47,23 @@ LOADED_LINE = re.compile(r"Loading the checkpoint from \S*step-(\d+)")
 HEALED_LINE = re.compile(r"elastic replica healed from a live peer at step (\d+)")
 
 
-def last_loss_step(log: Path) -> int:
-    return max((int(m.group(1)) for m in LOSS_LINE.finditer(log.read_text(errors="replace"))), default=0)
+def start_replicas(folder: Path, flags: list[str], steps: int) -> Cluster:
+    """Three replicas and their Lighthouse (at least 2 per step); logs under ``folder``."""
+    # Start-up on a loaded machine is uneven: wait up to 10 s for every replica to join a quorum.
+    cluster = Cluster(folder, 2, env={"OMP_NUM_THREADS": "1"}, lighthouse_env={"JOIN_TIMEOUT_MS": "10000"})
+    for r in range(3):
+        start_replica(cluster, r, f"replica{r}", flags, steps)
+    return cluster
 
 
-def last_step(log: Path) -> int:
-    steps = [int(m.group(1)) for m in STEP_LINE.finditer(log.read_text(errors="replace"))] if log.exists() else []
-    return max(steps, default=0)
-
-
-def wait_for_step(run: "Run", name: str, step: int, timeout: float) -> None:
-    """Until replica ``name`` has logged ``step``; an error if it ended or the time ran out first."""
-    end = time.time() + timeout
-    while time.time() < end:
-        if last_step(run.log(name)) >= step:
-            return
-        if run.procs[name].poll() is not None:
-            raise RuntimeError(f"elastic_demo: {name} ended (exit {run.procs[name].returncode}) before step {step}; "
-                               f"see {run.log(name)}")
-        time.sleep(0.2)
-    raise TimeoutError(f"elastic_demo: {name} did not reach step {step} within {timeout:g} s")
-
-
-class Run:
-    """Three replicas and their Lighthouse; logs under ``folder``."""
-
-    def __init__(self, folder: Path, flags: list[str], steps: int):
-        self.folder, self.flags, self.steps = folder, flags, steps
-        folder.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        self.env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{port}", "OMP_NUM_THREADS": "1",
-                    "LOG_RANK": "0"}
-        # Start-up on a loaded machine is uneven: wait up to 10 s for every replica to join a quorum.
-        self.lighthouse = subprocess.Popen(["bash", str(REPO / "scripts" / "lighthouse.sh"), str(port), "2"],
-                                           env={**os.environ, "JOIN_TIMEOUT_MS": "10000"},
-                                           stdout=open(folder / "lighthouse.log", "w"), stderr=subprocess.STDOUT,
-                                           start_new_session=True)
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def log(self, name: str) -> Path:
-        return self.folder / f"{name}.log"
-
-    def start(self, replica: int, name: str) -> None:
-        cmd = ["bash", str(REPO / "scripts" / "launch.sh"), str(CONFIG), "--fault_tolerance.replica_id", str(replica),
-               "--training.steps", str(self.steps), "--job.dump_folder", str(self.folder / f"replica{replica}"),
-               "--metrics.disable_color_printing", *self.flags]
-        env = {**self.env, "MASTER_PORT": str(free_port())}
-        self.procs[name] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(self.log(name), "w"),
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def kill(self, name: str) -> None:
-        kill_tree(self.procs[name].pid)  # torchrun and its worker, which sits in a session of its own
-        self.procs[name].wait()
-
-    def wait_all(self, timeout: float) -> dict[str, int]:
-        end = time.time() + timeout
-        codes = {}
-        for name, p in self.procs.items():
-            if p.returncode is None:
-                try:
-                    p.wait(timeout=max(1.0, end - time.time()))
-                except subprocess.TimeoutExpired:
-                    kill_tree(p.pid)
-                    p.wait()
-            codes[name] = p.returncode
-        return codes
-
-    def close(self) -> None:
-        for p in [*self.procs.values(), self.lighthouse]:
-            if p.poll() is None:
-                kill_tree(p.pid)
-                p.wait()
+def start_replica(cluster: Cluster, replica: int, name: str, flags: list[str], steps: int) -> None:
+    cluster.start(name, CONFIG, ["--fault_tolerance.replica_id", str(replica), "--training.steps", str(steps),
+                                 "--job.dump_folder", str(cluster.folder / f"replica{replica}"),
+                                 "--metrics.disable_color_printing", *flags])
 
 
 def parse(log: Path) -> tuple[dict[int, tuple[int, str]], dict[int, float]]:
-    text = log.read_text(errors="replace")
+    text = log_text(log)
     checks = {int(m.group(1)): (int(m.group(2)), m.group(3)) for m in STEP_LINE.finditer(text)}
     losses = {int(m.group(1)): float(m.group(2)) for m in LOSS_LINE.finditer(text)}
     return checks, losses
@@ -132,30 +71,27 @@ def parse(log: Path) -> tuple[dict[int, tuple[int, str]], dict[int, float]]:
 
 def run_mode(mode: str, out: Path, steps: int, kill_at: int, restart_at: int, timeout: float) -> tuple[str, bool]:
     flags = MODE_FLAGS[mode]
-    base = Run(out / mode / "uninterrupted", flags, steps)
+    base = start_replicas(out / mode / "uninterrupted", flags, steps)
     try:
-        for r in range(3):
-            base.start(r, f"replica{r}")
-        base_codes = base.wait_all(timeout)
+        base_codes = base.wait_all(time.time() + timeout)
     finally:
         base.close()
-    run = Run(out / mode / "outage", flags, steps)
+    run = start_replicas(out / mode / "outage", flags, steps)
     try:
-        for r in range(3):
-            run.start(r, f"replica{r}")
-        wait_for_step(run, "replica2", kill_at, timeout)
+        deadline = time.time() + timeout
+        run.wait_for_step("replica2", kill_at, deadline)
         run.kill("replica2")
-        killed = last_loss_step(run.log("replica0"))
-        wait_for_step(run, "replica0", restart_at, timeout)
-        run.start(2, "replica2_restarted")
-        codes = run.wait_all(timeout)
+        killed = last_logged_step(run.log("replica0"))
+        run.wait_for_step("replica0", restart_at, deadline)
+        start_replica(run, 2, "replica2_restarted", flags, steps)
+        codes = run.wait_all(deadline)
     finally:
         run.close()
     del codes["replica2"]  # killed on purpose
     ok = all(c == 0 for c in [*codes.values(), *base_codes.values()])
     r0, loss0 = parse(run.log("replica0"))
     back, _ = parse(run.log("replica2_restarted"))
-    text = run.log("replica2_restarted").read_text(errors="replace")
+    text = log_text(run.log("replica2_restarted"))
     loaded, healed = LOADED_LINE.search(text), HEALED_LINE.search(text)
     # the restarted replica resumes from the live peers, not from its own last checkpoint
     rejoined = bool(loaded and healed and int(healed.group(1)) > int(loaded.group(1)))
