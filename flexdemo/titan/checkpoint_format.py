@@ -84,7 +84,7 @@ class Resume:
     replicas: int  # saved topology
     shards: int
     keys: set[str]  # the saved optimizer keys, without the "optimizer." prefix
-    elastic: bool = False  # an elastic replica's own checkpoint: its keys are under its replica_id
+    elastic: bool = False  # an elastic replica's own checkpoint (one replica per job): keys under its replica_id
 
     def source_replica(self, replica: int) -> int:
         return replica if self.elastic else replica % self.replicas
@@ -118,7 +118,7 @@ def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | 
         raise error(f"checkpoint {path} holds an exchange in flight (overlap) of {saved_replicas} replicas x "
                     f"{saved_shards} shards; resume it on that topology")
     return Resume(path, formats[0].group(0).removeprefix("optimizer."), saved_replicas, saved_shards, keys,
-                  elastic=bool(job_config.fault_tolerance.enable))
+                  elastic=bool(job_config.fault_tolerance.enable) and saved_replicas == 1)
 
 
 def _check_data_position(job_config, path: str, every_key: set[str], replicas: int, shards: int, error) -> None:
