@@ -135,7 +135,7 @@ def index_table(topks: list[int], encoding: str) -> list[dict]:
         row = {"topk": k}
         for coding in ("fixed", "elias_fano"):
             buckets, payload = build_plan(entries, [64], [k], encoding, coding)
-            kept = sum(b.num_blocks * b.k for b in buckets)
+            kept = sum(sum(b.per_block.per_block) if b.ragged else b.num_blocks * b.k for b in buckets)
             row[coding] = {"payload_bytes": payload + 1, "bits_per_kept": 8 * payload / kept,
                            "x_fewer_than_bf16_ring_w2": 2 * params / (payload + 1)}
         rows.append(row)

@@ -114,7 +114,7 @@ def compressor_settings(buckets, entries, encoding: str, kernel_precision: str,
     ``[(param, local shape, dtype), ...]`` per param group, as the plan was built from.
     Each parameter is described by its layout as the plan reports it (blocks, their edges, k),
     not by re-deriving the block rule."""
-    planned = {id(m.param): (m.layout, b.k) for b in buckets for m in b.members}
+    planned = {id(m.param): (m.layout, b.k, m.per_block) for b in buckets for m in b.members}
     settings = {
         "payload format version": str(wire_format.WIRE_FORMAT_VERSION),  # read now: tests patch it
         "value encoding": encoding,
@@ -126,9 +126,11 @@ def compressor_settings(buckets, entries, encoding: str, kernel_precision: str,
             group = f" in group {g}" if len(entries) > 1 else ""
             where = f"local shape {tuple(shape)} {str(dtype).removeprefix('torch.')}{group}"
             if id(param) in planned:
-                layout, k = planned[id(param)]
+                layout, k, per_block = planned[id(param)]
                 plural = "s" if layout.num_blocks != 1 else ""
                 where += f": {layout.num_blocks} block{plural} of {layout.n1}x{layout.n2}, top-{k}"
+                if per_block is not None:
+                    where += f" (partial blocks top-{'/'.join(map(str, sorted(set(per_block) - {k})))})"
             else:
                 where += ": sends nothing"
             settings[f"parameter {index}"] = where

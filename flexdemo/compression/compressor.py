@@ -234,13 +234,14 @@ class TopkCompressor:
         if len(accs) != len(chosen):
             raise ValueError(f"select: {len(accs)} accumulators for {len(chosen)} members")
         incs = incs if incs is not None else [None] * len(accs)
-        return bucket.path.encode(accs, incs, scale, decay, [m.layout for m in chosen], bucket.k, skip_incs)
+        row_ks = [m.row_k(self.device) for m in chosen] if bucket.ragged else None
+        return bucket.path.encode(accs, incs, scale, decay, [m.layout for m in chosen], bucket.k, skip_incs, row_ks)
 
     def pack(self, bucket: Bucket, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
         """A bucket's kept coefficients (all its members, in order) -> its bytes of the payload."""
         if self.sharded is not None:
             return self.sharded.pack(self._index[id(bucket)], idx, vals)
-        return bucket.path.pack(idx, vals, bucket.block_numel)
+        return bucket.path.pack(idx, vals, bucket.block_numel, bucket.per_block)
 
     def encode(self, bucket: Bucket, accs, incs=None, scale: float = 1.0, decay: float = 1.0) -> torch.Tensor:
         return self.pack(bucket, *self.select(bucket, accs, incs, scale, decay))
@@ -330,7 +331,8 @@ class TopkCompressor:
         if self.sharded is not None:
             return self.sharded.unpack(self._index[id(bucket)], gathered)
         payloads = gathered[:, bucket.byte_offset : bucket.byte_offset + bucket.nbytes(self.encoding)]
-        return bucket.path.unpack(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, bucket.dtype)
+        return bucket.path.unpack(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, bucket.dtype,
+                                  bucket.per_block)
 
     def decode_sign_update(self, bucket: Bucket, idx, vals, targets: list[torch.Tensor], lr: float,
                            scale: float = 1.0, keep: torch.Tensor | None = None) -> None:
