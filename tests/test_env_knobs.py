@@ -1,5 +1,5 @@
 """The library reads only documented environment variables: every os.environ / os.getenv read in
-flexdemo/ names one of ALLOWED by a string literal, and README.md documents each. Kernel choices
+flexdemo/ names one of ALLOWED by a string literal, and docs/config.md documents each. Kernel choices
 that change bits are config keys in the start-up agreement, never environment switches."""
 
 from __future__ import annotations
@@ -80,18 +80,26 @@ def test_the_library_reads_only_allowed_environment_variables():
     assert not opaque, f"environment reads that name no variable: {opaque}"
     unknown = {name: files for name, files in reads.items() if name not in ALLOWED}
     assert not unknown, (f"undocumented environment variables read by the library: {unknown}; "
-                         "make it a config key, or document it in README.md's Environment section and ALLOWED")
+                         "make it a config key, or document it in docs/config.md's Environment section and ALLOWED")
     assert not REMOVED & set(reads)
     assert {"FLEXDEMO_CACHE", "TRITON_INTERPRET"} <= set(reads)  # the scan finds reads at all
 
 
-def test_every_allowed_variable_is_documented_in_the_readme():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Environment", 1)[1].split("\n### ", 1)[0]
+def _section(doc: str, heading: str) -> str:
+    """The text under the level-2 heading ``## heading`` up to the next level-2 heading."""
+    assert f"\n## {heading}\n" in doc, f"docs/config.md has no '## {heading}' section"
+    return doc.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_allowed_variable_is_documented_in_the_config_docs():
+    doc = (REPO / "docs" / "config.md").read_text(encoding="utf-8")
+    section = _section(doc, "Environment")
     missing = sorted(name for name in ALLOWED if f"`{name}`" not in section)
-    assert not missing, f"README.md's Environment section does not document {missing}"
-    offline = readme.split("### Offline data", 1)[1].split("\n### ", 1)[0]
-    assert "`FLEXDEMO_ASSETS`" in offline and "removed" in offline, "README must say FLEXDEMO_ASSETS was removed"
+    assert not missing, f"docs/config.md's Environment section does not document {missing}"
+    offline = _section(doc, "Offline data")
+    assert "`FLEXDEMO_ASSETS`" in offline and "removed" in offline, "docs/config.md must say FLEXDEMO_ASSETS was removed"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "docs/config.md" in readme, "README.md must link the configuration page"
 
 
 def test_the_scan_sees_every_form_of_read():
