@@ -25,28 +25,15 @@ from .config import DILOCO_MODES, FlexDemoConfigError, describe_exchange, flexde
 from .ignored_keys import ignored_keys
 from .exchange_accounting import modelled_hsdp_allreduce_bytes
 from .optimizer_container import FlexOptimizersContainer
-from .parallelize import JOB_CONFIG_ATTR
 from .replicas import replicate_group
 from .torchtitan_workarounds import adam_class_and_kwargs
 
 
-def _job_config(model_parts: list[nn.Module]):
-    job_config = getattr(model_parts[0], JOB_CONFIG_ATTR, None)
-    if job_config is None:
-        raise FlexDemoConfigError(
-            "flexdemo optimizer builder needs a model parallelized by a flexdemo train spec "
-            "(use [model] name = 'flexdemo_llama3' / 'flexdemo_qwen3')"
-        )
-    return job_config
-
-
-def build_flexdemo_optimizers(
-    model_parts: list[nn.Module],
-    optimizer_config,
-    parallel_dims: ParallelDims,
-    ft_manager=None,
-) -> FlexOptimizersContainer:
-    job_config = _job_config(model_parts)
+def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: ParallelDims,
+                              job_config) -> FlexOptimizersContainer:
+    """The flexdemo train specs' optimizers for ``model_parts`` (their spec passes the job config:
+    torchtitan_workarounds.with_job_config)."""
+    optimizer_config = job_config.optimizer
     cfg = flexdemo_section(job_config)
     group = replicate_group(parallel_dims)
     replicas, shards = parallel_dims.dp_replicate, parallel_dims.dp_shard * parallel_dims.cp

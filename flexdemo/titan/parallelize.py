@@ -29,11 +29,6 @@ from .config import SEPARATE_REPLICA_MODES, flexdemo_section, replica_local_loss
 from .grad_scaling import scale_grads_to_replica_mean
 from .torchtitan_workarounds import after_init_weights, shard_only_view
 
-# Attribute on each parallelized model part carrying the job config to the
-# optimizer builder (torchtitan passes it only the [optimizer] section).
-JOB_CONFIG_ATTR = "_flexdemo_job_config"
-
-
 def keep_replicas_apart(model: nn.Module, parallel_dims: ParallelDims, job_config) -> None:
     """The modes that keep replicas apart, on an initialised model: replicas start identical
     (``init_sync``), and each replica's gradient is its own mean gradient."""
@@ -72,7 +67,6 @@ def wrap_parallelize(stock_fn):
             model = stock_fn(model, parallel_dims, job_config, *args, **kwargs)
         if cpu_shim.active():
             cpu_shim.fix_fsdp_for_gloo(model)
-        setattr(model, JOB_CONFIG_ATTR, job_config)
         return model
 
     return parallelize

@@ -12,6 +12,7 @@ from .flavors import EXTRA_FLAVORS
 from .metrics import build_flexdemo_metrics_processor
 from .optimizer_builder import build_flexdemo_optimizers
 from .parallelize import wrap_parallelize
+from .torchtitan_workarounds import with_job_config
 from .validation import wrap_validator_builder
 
 # flexdemo spec name -> torchtitan model family it wraps (all shipped in 0.2.2).
@@ -22,11 +23,12 @@ FAMILIES = {
 
 
 def flexdemo_spec(base: TrainSpec, extra_flavors=None) -> TrainSpec:
+    parallelize, build_optimizers = with_job_config(wrap_parallelize(base.parallelize_fn), build_flexdemo_optimizers)
     return dataclasses.replace(
         base,
         model_args={**base.model_args, **(extra_flavors or {})},
-        parallelize_fn=wrap_parallelize(base.parallelize_fn),
-        build_optimizers_fn=build_flexdemo_optimizers,
+        parallelize_fn=parallelize,
+        build_optimizers_fn=build_optimizers,
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_tokenizer,
         build_metrics_processor_fn=build_flexdemo_metrics_processor,
