@@ -43,6 +43,18 @@ def broadcast_from_replica0(model_parts: list[nn.Module], group: dist.ProcessGro
             dist.broadcast(local_tensor(t.detach()), group=group, group_src=0)
 
 
+def start_identical(model_parts: list[nn.Module], group: dist.ProcessGroup | None, init_sync: str) -> None:
+    """``[flexdemo] init_sync`` on initialised weights: "broadcast" replica 0's, "verify" they match, or
+    "none"."""
+    if group is None:
+        return
+    if init_sync == "broadcast":
+        broadcast_from_replica0(model_parts, group)
+        logger.info("flexdemo: broadcast initial params from replica 0")
+    elif init_sync == "verify":
+        verify_identical(model_parts, group, step=0)
+
+
 @torch.no_grad()
 def verify_or_resync(model_parts: list[nn.Module], group: dist.ProcessGroup, step: int, action: str,
                      shared_state=()) -> bool:
