@@ -1,4 +1,7 @@
-"""Keeping replicas identical: start-up sync, periodic verification, digests."""
+"""Keeping replicas identical over a fixed replica group (``dp_replicate``): the start-up sync
+(``[flexdemo] init_sync``, called by parallelize once the weights exist), the periodic check and
+resync (``replica_check_interval`` / ``replica_check_action``, called by the optimizers container),
+and the digests logged with them. Elastic replicas check theirs in flexdemo.titan.elastic."""
 
 import hashlib
 from collections.abc import Iterator
