@@ -79,7 +79,7 @@ def _config(flex, mesh) -> str:
 def _check(path, world=WORLD):
     """The check every launch runs first: None when the config passes, else the one line."""
     from flexdemo.titan.config import FlexDemoConfigError
-    from flexdemo.titan.run import check_config
+    from flexdemo.titan.entry import check_config
 
     try:
         check_config(["--job.config_file", str(path)], world)

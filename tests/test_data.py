@@ -174,7 +174,7 @@ def test_pysource_assets_are_deterministic_and_report_their_size(pysource_dir, a
 
 def test_pysource_dataset_serves_through_the_dataloader(pysource_dir):
     from flexdemo.data.dataset import PYSOURCE_DATASET_NAME
-    from flexdemo.titan.dataloader import build_dataloader, build_tokenizer
+    from flexdemo.titan.data import build_dataloader, build_tokenizer
 
     cfg = _job_config(pysource_dir, "--training.dataset", PYSOURCE_DATASET_NAME, "--training.seq_len", "64",
                       "--training.local_batch_size", "2")
@@ -228,7 +228,7 @@ def test_a_partial_build_is_redone(assets_dir, tmp_path):
 
 
 def test_a_configs_own_tokenizer_is_kept(tmp_path):
-    from flexdemo.titan.dataloader import build_tokenizer, embedded_tokenizer_dir
+    from flexdemo.titan.data import build_tokenizer, embedded_tokenizer_dir
 
     own = write_own_tokenizer(tmp_path / "own")
     cfg = _job_config(own)  # flexdemo_stdlib data, the user's tokenizer
@@ -244,7 +244,7 @@ def test_a_configs_own_tokenizer_is_kept(tmp_path):
     ("missing", "c4", False),               # torchtitan's data and a path: the config's to fix
 ])
 def test_embedded_tokenizer_only_where_the_config_needs_it(tmp_path, path, dataset, uses_embedded):
-    from flexdemo.titan.dataloader import build_tokenizer, check_tokenizer_available, embedded_tokenizer_dir
+    from flexdemo.titan.data import build_tokenizer, check_tokenizer_available, embedded_tokenizer_dir
 
     path = str(tmp_path / path) if path else ""
     cfg = _job_config(path, "--training.dataset", dataset)
@@ -282,7 +282,7 @@ def test_dp_shards_are_disjoint_and_cover_everything():
 
 
 def test_real_ranks_get_different_batches(assets_dir):
-    from flexdemo.titan.dataloader import build_dataloader
+    from flexdemo.titan.data import build_dataloader
     from torchtitan.components.tokenizer import build_hf_tokenizer
 
     cfg = _job_config(assets_dir, "--training.seq_len", "128", "--training.local_batch_size", "4")
@@ -298,7 +298,7 @@ def test_real_ranks_get_different_batches(assets_dir):
 
 
 def test_resume_is_bit_exact_through_parallel_aware_dataloader(assets_dir):
-    from flexdemo.titan.dataloader import build_dataloader
+    from flexdemo.titan.data import build_dataloader
     from torchtitan.components.tokenizer import build_hf_tokenizer
 
     cfg = _job_config(assets_dir, "--training.seq_len", "256", "--training.local_batch_size", "2")
@@ -347,7 +347,7 @@ def test_resume_across_epoch_boundary_and_epochs_reshuffle():
 
 
 def test_other_datasets_delegate_to_torchtitan(assets_dir, monkeypatch):
-    from flexdemo.titan import dataloader as fd
+    from flexdemo.titan import data as fd
 
     calls = []
     monkeypatch.setattr(fd.tt_text, "build_text_dataloader", lambda **kw: calls.append(kw) or "tt")
@@ -361,9 +361,9 @@ def test_validation_split_via_torchtitan_registry(assets_dir):
     from torchtitan.hf_datasets.text_datasets import build_text_validation_dataloader
 
     from flexdemo.data.dataset import VALIDATION_DATASET_NAME
-    from flexdemo.titan.dataloader import register_torchtitan_datasets
+    from flexdemo.titan.data import register_torchtitan_datasets
 
-    register_torchtitan_datasets()  # also done when flexdemo.titan.dataloader is imported
+    register_torchtitan_datasets()  # also done when flexdemo.titan.data is imported
     cfg = _job_config(
         assets_dir,
         *("--validation.dataset", VALIDATION_DATASET_NAME, "--validation.dataset_path", str(assets_dir)),
@@ -377,7 +377,7 @@ def test_validation_split_via_torchtitan_registry(assets_dir):
 
 def _check_worker(rank, store_path, assets_dir, shift, errors):
     import torch.distributed as dist
-    from flexdemo.titan.dataloader import _check_same_data_on_all_ranks
+    from flexdemo.titan.data import _check_same_data_on_all_ranks
 
     class Shifted(CharTokenizer):
         def encode(self, text, **kw):

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from flexdemo import DeMo
 from flexdemo.optim.diloco import RepeatedSkipsError
-from flexdemo.titan.optimizer_container import FlexOptimizersContainer
+from flexdemo.titan.optimizer import FlexOptimizersContainer
 from multiproc import run_ranks
 
 STEPS = 12

@@ -113,7 +113,7 @@ def test_outer_sign_from_toml_is_refused_with_the_reason():
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.stem)
 def test_shipped_configs_set_only_keys_their_mode_reads(path):
-    from flexdemo.titan.ignored_keys import ignored_keys
+    from flexdemo.titan.optimizer import ignored_keys
 
     assert ignored_keys(_job(config=path.name)) == []
 
@@ -128,6 +128,6 @@ def test_shipped_configs_set_only_keys_their_mode_reads(path):
     ("cpu_2x2_demo_diloco.toml", ["--optimizer.eps", "1e-6"], []),  # AdamW reads it here
 ])
 def test_keys_the_mode_ignores_are_named(config, overrides, expected):
-    from flexdemo.titan.ignored_keys import ignored_keys
+    from flexdemo.titan.optimizer import ignored_keys
 
     assert ignored_keys(_job(*overrides, config=config)) == expected

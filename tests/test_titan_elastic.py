@@ -72,7 +72,7 @@ def test_an_unreachable_lighthouse_ends_the_replica_with_one_line(tmp_path, asse
 
 def test_a_replica_is_refused_at_join_naming_the_setting_it_does_not_share():
     from flexdemo.elastic.group import ElasticJoinError
-    from flexdemo.titan.elastic_join import join_settings, refuse_if_different
+    from flexdemo.titan.elastic import join_settings, refuse_if_different
 
     quorum = join_settings(_job())
     names = [k for k, _ in quorum]

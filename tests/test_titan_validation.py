@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from flexdemo.data.dataset import VALIDATION_DATASET_NAME
-from flexdemo.titan.dataloader import register_torchtitan_datasets
-from flexdemo.titan.validation import SameBatchesValidator, wrap_validator_builder
+from flexdemo.titan.data import register_torchtitan_datasets
+from flexdemo.titan.metrics import SameBatchesValidator, wrap_validator_builder
 
 register_torchtitan_datasets()  # torchtitan's validator finds flexdemo's splits by name
 
@@ -101,7 +101,7 @@ def test_flexdemo_spec_wraps_the_family_validator(assets):
 
     from torchtitan.models.llama3 import get_train_spec
 
-    from flexdemo.titan.train_spec import flexdemo_spec
+    from flexdemo.titan.spec import flexdemo_spec
 
     class Loader:
         def state_dict(self):
@@ -136,7 +136,7 @@ def test_consensus_validator_scores_the_common_parameters():
     # overlap_lookahead: a real DeMo's consensus() around the wrapped validation; the validator
     # sees the base, the live (look-ahead) parameters come back bit for bit after it.
     from flexdemo import DeMo
-    from flexdemo.titan.validation import ConsensusValidator
+    from flexdemo.titan.metrics import ConsensusValidator
 
     params = [torch.randn(64, 64, generator=torch.Generator().manual_seed(0)).requires_grad_()]
     opt = DeMo(params, lr=0.01, compression_topk=8, overlap=True, lookahead=True)

@@ -128,3 +128,28 @@ def test_adam_kwargs_refuse_other_optimizers():
 
     with pytest.raises(FlexDemoConfigError, match=r"mode='diloco' supports optimizer.name in \['Adam', 'AdamW'\]"):
         tw.adam_class_and_kwargs(Optimizer(name="SGD"), "diloco")
+
+
+def test_the_trainer_parallelizes_before_it_builds_the_optimizers_from_the_optimizer_section():
+    # with_job_config relies on both: parallelize_fn (or pipelining_fn, which calls it) sees the
+    # job config first, build_optimizers_fn is then handed job_config.optimizer only.
+    from torchtitan.train import Trainer
+
+    src = inspect.getsource(Trainer.__init__)
+    first = min(src.index("parallelize_fn("), src.index("pipelining_fn("))
+    build = src.index("build_optimizers_fn(")
+    assert first < build
+    assert src[build:build + 120].split(")")[0].split("(")[1].split() == [
+        "self.model_parts,", "job_config.optimizer,", "parallel_dims"]
+
+
+def test_with_job_config_hands_the_builder_what_parallelize_saw():
+    seen = []
+    parallelize, build = tw.with_job_config(lambda model, dims, job, *a, **k: model,
+                                            lambda parts, dims, job: seen.append((parts, dims, job)))
+    with pytest.raises(tw.FlexDemoConfigError, match="needs a model parallelized by a flexdemo train spec"):
+        build(["part"], "optimizer section", "dims")
+    job = object()
+    assert parallelize("model", "dims", job) == "model"
+    build(["part"], "optimizer section", "dims")
+    assert seen == [(["part"], "dims", job)]

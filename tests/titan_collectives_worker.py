@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torchtitan.config import ConfigManager  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
-from flexdemo.titan.trainer import FlexTrainer  # noqa: E402
+from flexdemo.titan.entry import FlexTrainer  # noqa: E402
 
 RECORD_STEPS = [int(s) for s in os.environ.get("RECORD_STEPS", "3").split(",")]
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torchtitan.protocols.train_spec import register_train_spec
 
 import flexdemo.titan.register  # noqa: F401  (flexdemo's own specs)
-from flexdemo.titan.train_spec import family_spec
+from flexdemo.titan.spec import family_spec
 
 NAME = "flexdemo_llama3_nanloss"
 

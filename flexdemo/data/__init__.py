@@ -3,7 +3,7 @@ Python standard library's source files and a byte-level BPE trained on it.
 
 Nothing here imports torchtitan: the dataset (flexdemo.data.dataset, torch only), the resharding
 of its checkpointed position (flexdemo.data.resharding) and the asset builders. The torchtitan-facing
-builders (build_dataloader, build_tokenizer) live in flexdemo.titan.dataloader. This package root
+builders (build_dataloader, build_tokenizer) live in flexdemo.titan.data. This package root
 imports only the asset builders, so `python -m flexdemo.data` stays light.
 """
 

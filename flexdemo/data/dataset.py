@@ -1,6 +1,6 @@
 """flexdemo's corpora as a token stream: the dataset names, the per-epoch document order and
 :class:`StdlibTextDataset`. Needs torch only; torchtitan's dataloader around it and the builders
-torchtitan calls live in flexdemo.titan.dataloader.
+torchtitan calls live in flexdemo.titan.data.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A checkpointed position in flexdemo's corpora, carried onto another data-parallel world size
 (the number of ranks the dataloader is built for: replicas x shards). Pure functions of the saved
-states; flexdemo.titan.dataloader's ReshardingDataloader applies them when torchtitan loads a
+states; flexdemo.titan.data's ReshardingDataloader applies them when torchtitan loads a
 checkpoint.
 """
 

@@ -23,7 +23,7 @@ from flexdemo.compression.compressor import EXCHANGES, KERNEL_PRECISIONS, Exchan
 from flexdemo.optim.diloco_args import DENSE_ENCODINGS, STATE_DEVICES, TOPK_ENCODINGS, StateDevice, TopkEncoding
 from flexdemo.wire.format import INDEX_CODINGS, VALUE_ENCODINGS, IndexCoding, ValueEncoding
 
-from .elastic_config import check_elastic
+from .elastic import check_elastic
 
 Mode = Literal["demo", "off", "diloco", "demo_diloco"]
 NonFinite = Literal["skip", "stop"]
@@ -37,9 +37,9 @@ SEPARATE_REPLICA_MODES = ("demo", *DILOCO_MODES)
 OUTER_VALUE_ENCODINGS = {"diloco": DENSE_ENCODINGS, "demo_diloco": TOPK_ENCODINGS}
 
 
-# Set on the job config by flexdemo.titan.trainer.FlexTrainer before torchtitan builds
-# anything: each replica's loss is normalised by its own tokens, so the optimizer builder
-# must not rescale gradients and the metrics processor rescales the logged average loss.
+# Set on the job config by flexdemo.titan.entry.FlexTrainer before torchtitan builds
+# anything: each replica's loss is normalised by its own tokens, so parallelize
+# does not rescale gradients and the metrics processor rescales the logged average loss.
 REPLICA_LOCAL_LOSS_ATTR = "_flexdemo_replica_local_loss"
 
 
@@ -367,11 +367,6 @@ class JobConfig(_TitanJobConfig):
     """torchtitan's JobConfig plus the [flexdemo] section."""
 
     flexdemo: FlexDemo = field(default_factory=FlexDemo)
-
-
-def describe_exchange(c: FlexDemo, topk: int) -> str:
-    """The exchange for a log line: "allgather", or "sharded (top-N of the mean)"."""
-    return "allgather" if c.exchange == "allgather" else f"sharded (top-{c.sharded_topk or topk} of the mean)"
 
 
 def flexdemo_section(job_config) -> FlexDemo:

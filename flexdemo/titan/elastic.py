@@ -20,20 +20,30 @@ from then on); the rejoined replica's are what its own checkpoint held, or zero 
 Its data: its own shard from where its checkpoint left it, or from the start (torchft's
 default; the dataloader is not healed), so some of its documents are seen twice. Before
 loading anything it compares the peer's settings and install with its own
-(flexdemo.titan.elastic_join) and is refused on a difference.
+(:func:`join_settings`) and is refused on a difference.
+
+The checks of ``[fault_tolerance]`` (:func:`check_elastic`) run with the rest of the config's
+(flexdemo.titan.config), before any process group exists.
 """
 
 from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+from dataclasses import fields
 
 import torch
 from torchtitan.components.checkpoint import LR_SCHEDULER, MODEL
 from torchtitan.tools.logging import logger
 
-from flexdemo.elastic.group import ElasticGroup
+from flexdemo.compression.agreement import first_difference
+from flexdemo.elastic.group import LIGHTHOUSE_ENV, ElasticGroup, ElasticJoinError
 from flexdemo.replica_check import tensor_hash
 
-from .elastic_join import join_settings, refuse_if_different
 from .replicas import ReplicaSyncError, local_named_params, param_digest
+
+ELASTIC_MODES = ("demo", "diloco", "demo_diloco")  # "off" is HSDP: FSDP's all-reduce spans the replicas
 
 _GROUP: ElasticGroup | None = None
 
@@ -132,3 +142,86 @@ def verify_identical(model_parts, group: ElasticGroup, step: int, outer=None) ->
         raise ReplicaSyncError(f"elastic replicas {differ} of this step's quorum hold a different {what} than "
                                f"replica {group.rank()} at step {step}")
     return mine
+
+
+# -- the checks of [fault_tolerance] ---------------------------------------------------------
+
+def check_elastic(job_config, fail) -> None:
+    """The checks of ``[fault_tolerance]`` for flexdemo's elastic replicas; ``fail(message)`` raises
+    the config error."""
+    c, ft, p = job_config.flexdemo, job_config.fault_tolerance, job_config.parallelism
+    if c.mode not in ELASTIC_MODES:
+        fail(f"fault_tolerance.enable: mode={c.mode!r} cannot run elastic replicas (its replicas are one "
+             f"FSDP job); modes that can: {', '.join(ELASTIC_MODES)}")
+    if ft.semi_sync_method is not None:
+        fail(f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r} is torchtitan's own DiLoCo; flexdemo's "
+             "modes bring their own exchange: leave it unset")
+    if p.data_parallel_replicate_degree != 1:
+        fail(f"fault_tolerance.enable: each replica is its own torchrun job, so "
+             f"parallelism.data_parallel_replicate_degree must be 1 (got {p.data_parallel_replicate_degree}); "
+             "the replicas are counted by fault_tolerance.group_size")
+    if ft.group_size < 1 or not 0 <= ft.replica_id < ft.group_size:
+        fail(f"fault_tolerance.group_size={ft.group_size}, replica_id={ft.replica_id}: need group_size >= 1 "
+             "(the replicas the run is planned for) and 0 <= replica_id < group_size")
+    if not 1 <= ft.min_replica_size <= ft.group_size:
+        fail(f"fault_tolerance.min_replica_size={ft.min_replica_size}: need 1 <= it <= group_size={ft.group_size}")
+    if ft.process_group not in ("gloo", "nccl"):
+        fail(f"fault_tolerance.process_group={ft.process_group!r}; expected 'gloo' or 'nccl'")
+    if c.overlap:
+        fail("fault_tolerance.enable with flexdemo.overlap: an exchange left in flight cannot cross a change "
+             "of the replicas taking part; turn overlap off")
+    if importlib.util.find_spec("torchft") is None:
+        fail("fault_tolerance.enable needs torchft: pip install -e \".[ft]\"")
+    if not os.environ.get("TORCHFT_LIGHTHOUSE"):
+        fail(f"fault_tolerance.enable needs ${LIGHTHOUSE_ENV}=http://HOST:PORT, the Lighthouse of "
+             "scripts/lighthouse.sh")
+
+
+# -- what a joining replica must share with the quorum -------------------------------------
+# Replicas that train with different settings would pair different collectives or decode the
+# same bytes differently; over a fixed group flexdemo's start-up agreement catches that
+# (flexdemo.compression.agreement), but an elastic replica joins a quorum that is already
+# training. So the peer's settings travel with its state (attach: every joining replica heals
+# from a live peer, at step 0 too, torchft's init_sync), and the joiner compares them with its own
+# before it loads anything: a difference refuses it, naming the first setting that differs.
+# Per-replica settings (replica_id, folders, logging) are not compared.
+
+# (section, keys) of the job config that every replica must share, besides all of [flexdemo].
+SHARED_KEYS = (
+    ("model", ("name", "flavor")),
+    ("training", ("dataset", "seq_len", "local_batch_size", "global_batch_size", "steps", "max_norm",
+                  "mixed_precision_param", "mixed_precision_reduce")),
+    ("optimizer", ("name", "lr", "eps", "weight_decay", "beta1", "beta2")),
+    ("lr_scheduler", ("warmup_steps", "decay_ratio", "decay_type", "min_lr_factor")),
+    ("parallelism", ("data_parallel_shard_degree", "tensor_parallel_degree", "context_parallel_degree")),
+    ("fault_tolerance", ("group_size", "min_replica_size", "process_group")),
+)
+PACKAGES = ("torch", "torchtitan", "torchft", "flexdemo")
+
+
+def join_settings(job_config) -> list[tuple[str, str]]:
+    """The ordered (name, value) settings a replica must share with the quorum it joins."""
+    items = [(f"flexdemo.{f.name}", repr(getattr(job_config.flexdemo, f.name))) for f in fields(job_config.flexdemo)]
+    for section, keys in SHARED_KEYS:
+        part = getattr(job_config, section)
+        items += [(f"{section}.{k}", repr(getattr(part, k))) for k in keys if hasattr(part, k)]
+    for package in PACKAGES:
+        try:
+            items.append((f"{package} version", importlib.metadata.version(package)))
+        except importlib.metadata.PackageNotFoundError:
+            items.append((f"{package} version", "not installed"))
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        items.append(("GPU architecture", f"sm_{major}{minor}"))
+    return items
+
+
+def refuse_if_different(mine: list[tuple[str, str]], quorum: list[tuple[str, str]], replica_id: int) -> None:
+    """Raise ElasticJoinError (one line) naming the first setting where this replica differs."""
+    diff = first_difference([tuple(x) for x in quorum], mine)
+    if diff is not None:
+        setting, theirs, ours = diff
+        raise ElasticJoinError(
+            f"elastic replica {replica_id} refused at join: its {setting} is {ours}, the quorum's is {theirs}; "
+            "every replica must run the same settings and install"
+        )

@@ -11,45 +11,40 @@ modes "demo", "diloco", "demo_diloco": the family's stock parallelize, but shown
              Once the Trainer has initialised the weights (torchtitan parallelizes the
              meta-device model first), replicas are made to start identical
              (``[flexdemo] init_sync``: broadcast from replica 0, or verify) and each
-             replica's gradient is made its own mean gradient (grad_scaling.py). Both run
+             replica's gradient is made its own mean gradient (below). Both run
              before the optimizer is built and before a checkpoint is loaded, which then
              overwrites the broadcast weights on resume.
+
+Each replica's gradient its own mean gradient: torchtitan's stock Trainer divides the loss by
+the token count of the whole batch mesh, replicas included, and relies on HSDP's all-reduce to
+sum over replicas. Without that all-reduce each replica's grad is (1/replicas) x its own mean
+grad: scaling by the replicate degree restores the mean, so clipping and the optimizer see the
+same gradient magnitude as single-replica training (exact when replicas see equal token counts,
+as with torchtitan's fixed-length packed batches). flexdemo's FlexTrainer normalises by the
+replica's own tokens instead (flexdemo.titan.entry): then the factor is 1, and FSDP only has to
+sum over the replica's shards.
 """
 
 import functools
 import os
 
 import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
 from . import cpu_shim
 from . import replicas as rep
 from .config import SEPARATE_REPLICA_MODES, flexdemo_section, replica_local_loss, validate_job_config
-from .grad_scaling import scale_grads_to_replica_mean
 from .torchtitan_workarounds import after_init_weights, shard_only_view
-
-# Attribute on each parallelized model part carrying the job config to the
-# optimizer builder (torchtitan passes it only the [optimizer] section).
-JOB_CONFIG_ATTR = "_flexdemo_job_config"
 
 
 def keep_replicas_apart(model: nn.Module, parallel_dims: ParallelDims, job_config) -> None:
     """The modes that keep replicas apart, on an initialised model: replicas start identical
     (``init_sync``), and each replica's gradient is its own mean gradient."""
     cfg = flexdemo_section(job_config)
-    start_replicas_identical([model], rep.replicate_group(parallel_dims), cfg.init_sync)
+    rep.start_identical([model], rep.replicate_group(parallel_dims), cfg.init_sync)
     scale_grads_to_replica_mean([model], parallel_dims.dp_replicate, replica_local_loss(job_config))
-
-
-def start_replicas_identical(model_parts, group, init_sync: str) -> None:
-    if group is None:
-        return
-    if init_sync == "broadcast":
-        rep.broadcast_from_replica0(model_parts, group)
-        logger.info("flexdemo: broadcast initial params from replica 0")
-    elif init_sync == "verify":
-        rep.verify_identical(model_parts, group, step=0)
 
 
 def wrap_parallelize(stock_fn):
@@ -72,7 +67,26 @@ def wrap_parallelize(stock_fn):
             model = stock_fn(model, parallel_dims, job_config, *args, **kwargs)
         if cpu_shim.active():
             cpu_shim.fix_fsdp_for_gloo(model)
-        setattr(model, JOB_CONFIG_ATTR, job_config)
         return model
 
     return parallelize
+
+
+def scale_grads_to_replica_mean(model_parts: list[nn.Module], replicas: int, loss_is_replica_local: bool = False) -> None:
+    factor = 1 if loss_is_replica_local else replicas
+    if replicas == 1:
+        return
+    for part in model_parts:
+        fsdp_modules = [m for m in part.modules() if isinstance(m, FSDPModule)]
+        if fsdp_modules:
+            # FSDP divides reduce-scattered grads by this factor: 1/factor multiplies by it,
+            # before the grads are written, i.e. before clipping and the optimizer; with
+            # factor 1 FSDP sums over the shards (whatever the family's parallelize chose).
+            for m in fsdp_modules:
+                m.set_gradient_divide_factor(1.0 / factor)
+        elif factor != 1:
+            # No FSDP (one shard per replica): scale each grad as autograd produces
+            # it (a tensor hook, so gradient accumulation stays linear).
+            for p in part.parameters():
+                if p.requires_grad:
+                    p.register_hook(lambda g, r=factor: g * r)

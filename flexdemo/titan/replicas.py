@@ -1,4 +1,7 @@
-"""Keeping replicas identical: start-up sync, periodic verification, digests."""
+"""Keeping replicas identical over a fixed replica group (``dp_replicate``): the start-up sync
+(``[flexdemo] init_sync``, called by parallelize once the weights exist), the periodic check and
+resync (``replica_check_interval`` / ``replica_check_action``, called by the optimizers container),
+and the digests logged with them. Elastic replicas check theirs in flexdemo.titan.elastic."""
 
 import hashlib
 from collections.abc import Iterator
@@ -41,6 +44,18 @@ def broadcast_from_replica0(model_parts: list[nn.Module], group: dist.ProcessGro
     for part in model_parts:
         for t in [*part.parameters(), *part.buffers()]:
             dist.broadcast(local_tensor(t.detach()), group=group, group_src=0)
+
+
+def start_identical(model_parts: list[nn.Module], group: dist.ProcessGroup | None, init_sync: str) -> None:
+    """``[flexdemo] init_sync`` on initialised weights: "broadcast" replica 0's, "verify" they match, or
+    "none"."""
+    if group is None:
+        return
+    if init_sync == "broadcast":
+        broadcast_from_replica0(model_parts, group)
+        logger.info("flexdemo: broadcast initial params from replica 0")
+    elif init_sync == "verify":
+        verify_identical(model_parts, group, step=0)
 
 
 @torch.no_grad()

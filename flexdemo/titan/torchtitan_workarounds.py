@@ -18,11 +18,16 @@ Each entry names what torchtitan lacks and the upstream API that would make it u
 * :func:`adam_class_and_kwargs` (optimizer builder): a copy of the optimizer class and kwargs
   that ``torchtitan.components.optimizer.build_optimizers`` computes inline; 0.2.2 exposes no
   function returning them. Upstream fix: such a function (build_optimizers split in two).
+* :func:`with_job_config` (train spec): the Trainer hands build_optimizers_fn the ``[optimizer]``
+  section only, and flexdemo's builder needs the whole job config (``[flexdemo]``, checkpoint,
+  fault tolerance, training); the spec's parallelize_fn, which the Trainer calls first with the
+  job config, passes it on. Upstream fix: build_optimizers_fn taking the job config.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Callable
 
 import torch
@@ -116,3 +121,27 @@ def adam_class_and_kwargs(optimizer_config, mode: str) -> tuple[type, dict[str, 
         "fused": impl == "fused",
         "foreach": impl == "foreach",
     }
+
+
+def with_job_config(parallelize_fn: Callable[..., nn.Module], build_optimizers_fn: Callable[..., Any]):
+    """A TrainSpec's ``(parallelize_fn, build_optimizers_fn)``, called as torchtitan 0.2.2's Trainer
+    calls them: ``build_optimizers_fn(model_parts, parallel_dims, job_config)`` is called with the
+    job config that the Trainer passed ``parallelize_fn`` (it parallelizes every model part before
+    it builds the optimizers, and passes that builder ``job_config.optimizer`` only)."""
+    passed: dict[str, Any] = {}
+
+    @functools.wraps(parallelize_fn)
+    def parallelize(model, parallel_dims, job_config, *args, **kwargs):
+        passed["job_config"] = job_config
+        return parallelize_fn(model, parallel_dims, job_config, *args, **kwargs)
+
+    @functools.wraps(build_optimizers_fn)
+    def build_optimizers(model_parts, optimizer_config, parallel_dims, ft_manager=None):
+        if "job_config" not in passed:
+            raise FlexDemoConfigError(
+                "flexdemo optimizer builder needs a model parallelized by a flexdemo train spec "
+                "(use [model] name = 'flexdemo_llama3' / 'flexdemo_qwen3')"
+            )
+        return build_optimizers_fn(model_parts, parallel_dims, passed["job_config"])
+
+    return parallelize, build_optimizers

@@ -1,5 +1,9 @@
 """What a flexdemo checkpoint holds, and how another run resumes it.
 
+The optimizers container's part of a checkpoint (:class:`OptimizerCheckpoint`, which the container
+owns) is torchtitan's flattened optimizer state dict with flexdemo's keys added and per-replica
+keys renamed; the rest (model, lr schedulers, dataloader, train state) is torchtitan's own.
+
 Every optimizer state dict carries one tiny tensor whose key names the settings that give the
 state its meaning and the topology it was written on:
 ``flexdemo.format[mode=demo,topk=32,...].replicas=2.shards=2``. Before training, the optimizer
@@ -26,8 +30,27 @@ an exchange in flight (overlap) resumes on the same topology only.
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torchtitan.tools.logging import logger
+
+from flexdemo.compression.exchange import is_elastic
 
 FORMAT_PREFIX = "flexdemo.format["
+# Extra keys in the (flattened) optimizer state dict: the step count (the same on every rank)
+# and, per rank, [bytes_sent_total, bytes_received_total].
+STEP_KEY = "flexdemo.step"
+BYTES_KEY = "flexdemo.exchange_bytes"
+# DeMo's momentum (and the inner AdamW state of the DiLoCo modes) differs between replicas
+# (own gradients), but its DTensors live on the shard mesh only, so DCP would see equal
+# "global" tensors on every replica and keep just one. Per-replica keys keep every replica's.
+STATE_PREFIX = "state."
+# The DiLoCo outer state: shared by all replicas, and per replica.
+OUTER_PREFIX = "flexdemo.diloco."
+# DeMo with overlap: the exchange in flight, per rank.
+PENDING_PREFIX = "flexdemo.pending_exchange."
 _FORMAT_RE = re.compile(r"^(?:optimizer\.)?flexdemo\.format\[(.*)\]\.replicas=(\d+)\.shards=(\d+)$")
 _REPLICA_RE = re.compile(r"@replica(\d+)\.")
 
@@ -138,3 +161,114 @@ def _check_data_position(job_config, path: str, every_key: set[str], replicas: i
             f"reshard it. Resume on {saved} data-parallel ranks, or add --checkpoint.exclude_from_loading "
             "dataloader to restart the data from its beginning (samples are then read again)"
         )
+
+
+def replica_state_prefix(replica: int) -> str:
+    return f"state@replica{replica}."
+
+
+def replica_outer_prefix(replica: int) -> str:
+    return f"flexdemo.diloco@replica{replica}."
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+@dataclass
+class Loaded:
+    """What :meth:`OptimizerCheckpoint.load` hands back to the container."""
+
+    optimizers: dict[str, Any]  # torchtitan's flattened state dict of the optimizers
+    step: int | None  # the step count saved, if any
+    byte_totals: tuple[int, int] | None  # this rank's saved (sent, received), if any
+
+
+class OptimizerCheckpoint:
+    """The optimizers container's keys in a checkpoint: ``format_key`` names its settings and
+    topology; with ``per_replica_state`` the optimizers' state goes under this replica's own keys;
+    ``resume`` (until the checkpoint is loaded) maps the keys onto a saved one of another topology."""
+
+    def __init__(self, format_key: str, resume: Resume | None, replica: int, per_replica_state: bool,
+                 replicate_group) -> None:
+        self.format_key = format_key
+        self.resume = resume
+        self.replica = replica
+        self.replica_prefix = replica_state_prefix(replica) if per_replica_state else None
+        self.replicate_group = replicate_group
+        # Byte totals differ per rank (uneven shards): one copy per rank.
+        self.bytes_key = f"{BYTES_KEY}.rank{dist.get_rank() if dist.is_initialized() else 0}"
+        self._resume_renames: dict[str, str] = {}
+
+    def save(self, sd: dict[str, Any], *, step: int, byte_totals: tuple[int, int], outer, overlapped) -> dict[str, Any]:
+        """torchtitan's flattened optimizer state ``sd`` as this checkpoint keeps it."""
+        if self.replica_prefix:
+            sd = {_swap_prefix(k, STATE_PREFIX, self.replica_prefix): v for k, v in sd.items()}
+        sd[self.format_key] = torch.zeros(1, dtype=torch.int64)  # its name is what counts
+        sd[STEP_KEY] = torch.tensor([step], dtype=torch.int64)
+        sd[self.bytes_key] = torch.tensor(list(byte_totals), dtype=torch.int64)
+        if outer is not None:
+            sd.update(outer.state_dict(OUTER_PREFIX, replica_outer_prefix(self.replica)))
+        for i, opt in enumerate(overlapped):
+            # The exchange in flight: every replica's bytes, as this rank gathered them.
+            for name, value in opt.pending_state().items():
+                sd[f"{PENDING_PREFIX}{i}.rank{dist.get_rank()}.{name}"] = value
+        return sd if self.resume is None else self._as_saved(sd)
+
+    def _as_saved(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """The keys to load: this replica's own state from saved replica ``r mod R_saved``, the
+        saved format key; byte counters only where this rank's exist (same world size)."""
+        resume, out, self._resume_renames = self.resume, {}, {}
+        same_world = resume.replicas * resume.shards == world_size()
+        for key, value in sd.items():
+            saved = resume.format_key if key == self.format_key else resume.map_key(key, self.replica)
+            if key == self.bytes_key and not (same_world and saved in resume.keys):
+                continue  # the counters of another topology: this run's start from zero
+            out[saved] = value
+            self._resume_renames[saved] = key
+        return out
+
+    def load(self, state_dict: dict[str, Any], *, outer, overlapped) -> Loaded:
+        """Load flexdemo's own keys of ``state_dict`` (the exchange in flight, the DiLoCo outer state);
+        the rest back under torchtitan's keys, for the container's optimizers."""
+        if self.resume is not None:
+            state_dict = {self._resume_renames.get(k, k): v for k, v in state_dict.items()}
+            self._log_resume()
+            self.resume = None
+        state_dict = dict(state_dict)
+        state_dict.pop(self.format_key, None)
+        step = state_dict.pop(STEP_KEY, None)
+        counted = state_dict.pop(self.bytes_key, None)
+        for i, opt in enumerate(overlapped):
+            prefix = f"{PENDING_PREFIX}{i}.rank{dist.get_rank()}."
+            opt.load_pending_state({k[len(prefix):]: state_dict.pop(k) for k in list(state_dict)
+                                    if k.startswith(prefix)})
+        if outer is not None:
+            prefixes = (OUTER_PREFIX, replica_outer_prefix(self.replica))
+            outer_sd = {k: state_dict.pop(k) for k in list(state_dict) if k.startswith(prefixes)}
+            # Also restores each replica's own local parameters (the model's keys hold one
+            # replica's shards only): must run after DCP has loaded the model's tensors.
+            outer.load_state_dict(outer_sd, *prefixes)
+        if self.replica_prefix:
+            state_dict = {_swap_prefix(k, self.replica_prefix, STATE_PREFIX): v for k, v in state_dict.items()}
+        return Loaded(state_dict, None if step is None else int(step.item()),
+                      None if counted is None else tuple(int(x) for x in counted.tolist()))
+
+    def _log_resume(self) -> None:
+        r = self.resume
+        # an elastic replica's checkpoint is its own job's: one replica
+        replicas = (1 if self.replicate_group is None or is_elastic(self.replicate_group)
+                    else dist.get_world_size(self.replicate_group))
+        shards = world_size() // replicas
+        if (r.replicas, r.shards) == (replicas, shards):
+            return
+        logger.warning(
+            f"flexdemo: resuming {r.path} (written by {r.replicas} replicas x {r.shards} shards) on {replicas} x "
+            f"{shards}: replica {self.replica} takes saved replica {r.source_replica(self.replica)}'s own state, "
+            "sharded tensors are resharded"
+            + ("" if r.replicas * r.shards == world_size() else ", byte counters restart from zero")
+        )
+
+
+def _swap_prefix(key: str, old: str, new: str) -> str:
+    return new + key[len(old):] if key.startswith(old) else key

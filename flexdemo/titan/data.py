@@ -36,7 +36,7 @@ from flexdemo.data.resharding import dataset_state_in, reshard_dataset_states, s
 from flexdemo.data.tokenizer import TOKENIZER_FILES, has_tokenizer
 
 from . import elastic
-from .checkpoint_format import checkpoint_to_resume, saved_keys
+from .checkpoint import checkpoint_to_resume, saved_keys
 
 # Assets dir per corpus chosen by the last build_dataloader call; torchtitan's validator
 # builds its loader later with no path of ours, and should read the same corpus.

@@ -1,0 +1,187 @@
+"""The ways into a flexdemo run: ``python -m flexdemo.titan.run`` (:func:`run`), the launcher's
+``python -m flexdemo.titan.preflight`` (:func:`preflight`), the check under torchtitan's own entry
+point (:func:`check_stock_entry_or_exit`), and the Trainer they run (:class:`FlexTrainer`).
+
+``run``: ``python -m flexdemo.titan.run --job.config_file X.toml [--section.key v ...]``, the same
+CLI as ``python -m torchtitan.train``. Before torchtitan starts it
+1. applies the CPU shim when there is no GPU (and only then),
+2. parses and validates the config, so a bad config exits non-zero with one
+   clear message before any process group or model exists.
+Then it runs torchtitan's stock trainer main with FlexTrainer. Replicas that disagree on a
+setting of the exchange (flexdemo.compression.agreement) end the same way as a bad config: one
+line, exit code 2.
+
+``preflight``: ``python -m flexdemo.titan.preflight CONFIG.toml [--section.key v ...]``, run once
+per node by scripts/launch.sh before torchrun, so a bad config fails in one process with one
+message instead of in every rank:
+  1. pick the process count (NPROC env, else #GPUs, else the config's replicate x shard
+     degrees on CPU, or 4 CPU processes where the shard degree is -1),
+  2. validate the config for the final world size (NNODES x NPROC),
+  3. where the config's ``[model] hf_assets_path`` holds no tokenizer and it asks for an
+     embedded dataset (or names no path), build flexdemo's assets once (under $FLEXDEMO_CACHE,
+     default ~/.cache/flexdemo) and say so in one line; a config's own tokenizer is kept.
+It prints ``FD_NGPU=..``, ``FD_NPROC=..``, ``FD_ASSETS=..`` (empty: keep the config's) for the shell.
+
+``FlexTrainer``: torchtitan's Trainer with the per-step token count kept inside a replica.
+torchtitan normalises each step's loss by the token count of the whole batch mesh, which
+costs an all-reduce over every replica each step: a round trip over the slow link that the
+modes keeping replicas apart (demo, diloco, demo_diloco) otherwise avoid. Here each
+replica normalises by its own tokens (an all-reduce over its FSDP shards, or none), so every
+replica's gradient is its own mean gradient, with no rescaling (flexdemo.titan.parallelize's
+gradient scaling is then a factor 1), and the only per-step traffic between replicas is
+flexdemo's exchange. Done through torchtitan's public extension point for trainers
+(``torchtitan.train.main`` takes the Trainer class): the trainer's ParallelDims is shown through
+a view whose "batch" is the replica's shard group (torchtitan_workarounds.ReplicaLocalBatch:
+0.2.2 has no hook for that group). Logged losses stay global (flexdemo's metrics processor
+rescales their average, see metrics.py). Under torchtitan's own entry point (the stock Trainer)
+the all-reduce stays and the gradients are rescaled instead.
+With ``[fault_tolerance] enable`` each replica is its own job and every step (in the DiLoCo
+modes: every cycle) starts with torchft's quorum (flexdemo.titan.elastic).
+With ``overlap_lookahead`` the validator is wrapped to score the replicas' common parameters
+(metrics.ConsensusValidator); the stock Trainer would score each replica's look-ahead.
+"""
+
+import os
+import shlex
+import sys
+import time
+
+import torch
+from torchtitan.config import ConfigManager
+from torchtitan.train import Trainer
+from torchtitan.train import main as titan_main
+
+from flexdemo.compression.agreement import ReplicaSettingsMismatch
+from flexdemo.elastic.group import ElasticJoinError
+
+from . import cpu_shim, elastic
+from .checkpoint import plan_resume
+from .config import REPLICA_LOCAL_LOSS_ATTR, SEPARATE_REPLICA_MODES, FlexDemoConfigError, validate_job_config
+from .data import check_tokenizer_available, embedded_tokenizer_dir
+from .metrics import ConsensusValidator
+from .torchtitan_workarounds import replica_local_batch_view
+
+CONFIG_ERROR_EXIT = 2
+RANK0_GRACE_SECONDS = 3
+CPU_DEFAULT_NPROC = 4
+
+
+def check_config(argv: list[str], world_size: int | None):
+    """Parse like torchtitan does and run flexdemo's checks; raises on a bad config.
+    Returns the parsed config."""
+    job_config = ConfigManager().parse_args(argv)
+    if hasattr(job_config, "flexdemo"):
+        validate_job_config(job_config, world_size)
+        if world_size is not None:  # the checkpoint it resumes must fit its settings
+            p = job_config.parallelism
+            replicas = p.data_parallel_replicate_degree
+            shards = world_size // (replicas * p.tensor_parallel_degree * p.pipeline_parallel_degree)
+            plan_resume(job_config, job_config.flexdemo, replicas, shards, FlexDemoConfigError)
+    check_tokenizer_available(job_config)
+    return job_config
+
+
+def check_config_or_exit(argv: list[str], world_size: int | None):
+    try:
+        return check_config(argv, world_size)
+    except FlexDemoConfigError as e:
+        _exit_config_error(str(e))
+    except (ValueError, FileNotFoundError) as e:  # torchtitan's own config errors
+        _exit_config_error(f"config error: {e}")
+
+
+def _exit_config_error(msg: str, process_group_up: bool = False) -> None:
+    if process_group_up:
+        # torchtitan's Trainer.__init__ is wrapped in torch elastic's @record, which has written this
+        # rank's traceback for torchrun's summary: the one line below says it instead. Removed
+        # first: torchrun stops the other ranks as soon as rank 0 exits.
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if error_file and os.path.exists(error_file):
+            os.remove(error_file)
+    if os.environ.get("RANK", "0") == "0":  # one line per job, not one per rank
+        print(f"flexdemo: {msg}", file=sys.stderr, flush=True)
+    else:
+        # torchrun stops the other ranks as soon as one exits: let rank 0 say why first.
+        time.sleep(RANK0_GRACE_SECONDS)
+    if process_group_up:
+        cpu_shim.exit_without_teardown(CONFIG_ERROR_EXIT)  # no teardown: a live gloo thread can abort it
+    sys.exit(CONFIG_ERROR_EXIT)
+
+
+def check_stock_entry_or_exit() -> None:
+    """Under torchtitan's own entry point (``torchrun -m torchtitan.train``) nothing of
+    flexdemo runs before torchtitan has set up the process group -- except the
+    ``custom_import`` module, which calls this: the run's own arguments are checked
+    there, so a bad config ends every rank with one line and exit code 2, before any
+    collective. Other entry points check for themselves (``run`` and ``preflight`` below)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is None or spec.name != "torchtitan.train":
+        return
+    world = os.environ.get("WORLD_SIZE")
+    check_config_or_exit(sys.argv[1:], int(world) if world else None)
+
+
+class FlexTrainer(Trainer):
+    def __init__(self, job_config):
+        flex = getattr(job_config, "flexdemo", None)
+        local = flex is not None and flex.mode in SEPARATE_REPLICA_MODES
+        setattr(job_config, REPLICA_LOCAL_LOSS_ATTR, local)
+        super().__init__(job_config)
+        if local and self.parallel_dims.dp_replicate > 1:
+            self.parallel_dims = replica_local_batch_view(self.parallel_dims)
+        # overlap_lookahead: validation scores the replicas' common parameters, not one's look-ahead.
+        if getattr(self, "validator", None) is not None and flex is not None and flex.overlap_lookahead:
+            self.validator = ConsensusValidator(self.validator, self.optimizers.consensus)
+        # Elastic replicas (fault_tolerance.enable): torchft's quorum before every step (cycle); a replica
+        # behind the others heals there from a live peer (flexdemo.titan.elastic).
+        self.elastic_group = elastic.elastic_group(job_config) if elastic.enabled(job_config) else None
+        if self.elastic_group is not None:
+            elastic.attach(self)
+
+    def train_step(self, data_iterator):
+        if self.elastic_group is not None and elastic.quorum_due(self):
+            self.elastic_group.start_step()
+        return super().train_step(data_iterator)
+
+
+def run(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if cpu_shim.needed():
+        cpu_shim.apply()
+    world = os.environ.get("WORLD_SIZE")
+    check_config_or_exit(argv, int(world) if world else None)
+    sys.argv = [sys.argv[0], *argv]
+    try:
+        titan_main(FlexTrainer)
+    except (ReplicaSettingsMismatch, ElasticJoinError) as e:  # before training, every rank alike: one line, exit 2
+        _exit_config_error(str(e), process_group_up=True)
+    if cpu_shim.active():
+        cpu_shim.exit_without_teardown(0)  # errors never get here: they raise out of titan_main
+
+
+def cpu_processes(config: str, overrides: list[str]) -> int:
+    """On CPU: the config's replicate x shard degrees where both are given (one process per
+    replica of an elastic config), else CPU_DEFAULT_NPROC."""
+    p = check_config_or_exit(["--job.config_file", config, *overrides], None).parallelism
+    shard = p.data_parallel_shard_degree
+    return p.data_parallel_replicate_degree * shard if shard > 0 else CPU_DEFAULT_NPROC
+
+
+def preflight(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("usage: python -m flexdemo.titan.preflight CONFIG.toml [overrides]", file=sys.stderr)
+        sys.exit(2)
+    config, overrides = argv[0], argv[1:]
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nproc = int(os.environ.get("NPROC") or ngpu or cpu_processes(config, overrides))
+    world = nproc * int(os.environ.get("NNODES") or 1)
+
+    job_config = check_config_or_exit(["--job.config_file", config, *overrides], world)
+    assets, reason = embedded_tokenizer_dir(job_config)
+    if reason:
+        print(reason, file=sys.stderr, flush=True)
+    assets = assets or ""
+    print(f"FD_NGPU={ngpu}")
+    print(f"FD_NPROC={nproc}")
+    print(f"FD_ASSETS={shlex.quote(str(assets))}")

@@ -1,0 +1,78 @@
+"""flexdemo's TrainSpecs: a stock torchtitan family with flexdemo's parallelize, optimizer,
+tokenizer/dataloader and metrics builders swapped in, and the family's validator rewound before
+each validation (flexdemo.titan.metrics.SameBatchesValidator); model, loss, LR schedulers,
+pipelining and state-dict adapter are the family's own. ``register_specs`` registers them under
+the names a config's ``[model] name`` takes (flexdemo.titan.register, the ``custom_import``).
+
+The extra model flavors are sized for flexdemo's offline corpus (2048-token BPE vocab). The stock
+flavors stay available (e.g. llama3 "debugmodel", "8B"); a stock flavor with a larger vocab also
+works with the small tokenizer (unused embedding rows).
+"""
+
+import dataclasses
+
+from torchtitan.models.llama3 import TransformerModelArgs
+from torchtitan.models.qwen3 import qwen3_args
+from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
+
+from .data import build_dataloader, build_tokenizer
+from .metrics import build_flexdemo_metrics_processor, wrap_validator_builder
+from .optimizer import build_flexdemo_optimizers
+from .parallelize import wrap_parallelize
+from .torchtitan_workarounds import with_job_config
+
+# flexdemo spec name -> torchtitan model family it wraps (all shipped in 0.2.2).
+FAMILIES = {
+    "flexdemo_llama3": "llama3",
+    "flexdemo_qwen3": "qwen3",
+}
+
+LLAMA3_EXTRA = {
+    # ~77M params: a quick GPU model whose dims are multiples of 64 (whole DCT blocks).
+    "small": TransformerModelArgs(
+        dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=2048,
+        multiple_of=256, rope_theta=500000,
+    ),
+    # Llama-3.2-1B shape (dim 2048, 16 layers, GQA 32/8, ffn 8192) with a 2048 vocab: ~0.98B.
+    "1B": TransformerModelArgs(
+        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=2048,
+        ffn_dim_multiplier=1.5, multiple_of=256, rope_theta=500000,
+    ),
+}
+
+# qwen3's stock small flavors tie tok_embeddings and output weights, which torchtitan
+# 0.2.2's FSDP wrapping (separate fully_shard groups) rejects under torch 2.13, in
+# stock HSDP as well.  Untied copies train with either mode.
+QWEN3_EXTRA = {
+    f"{name}_untied": dataclasses.replace(qwen3_args[name], enable_weight_tying=False)
+    for name in ("debugmodel", "0.6B", "1.7B")
+}
+
+EXTRA_FLAVORS = {"llama3": LLAMA3_EXTRA, "qwen3": QWEN3_EXTRA}
+
+
+def flexdemo_spec(base: TrainSpec, extra_flavors=None) -> TrainSpec:
+    parallelize, build_optimizers = with_job_config(wrap_parallelize(base.parallelize_fn), build_flexdemo_optimizers)
+    return dataclasses.replace(
+        base,
+        model_args={**base.model_args, **(extra_flavors or {})},
+        parallelize_fn=parallelize,
+        build_optimizers_fn=build_optimizers,
+        build_dataloader_fn=build_dataloader,
+        build_tokenizer_fn=build_tokenizer,
+        build_metrics_processor_fn=build_flexdemo_metrics_processor,
+        build_validator_fn=base.build_validator_fn and wrap_validator_builder(base.build_validator_fn),
+    )
+
+
+def family_spec(family: str) -> TrainSpec:
+    from importlib import import_module
+
+    base = import_module(f"torchtitan.models.{family}").get_train_spec()
+    return flexdemo_spec(base, EXTRA_FLAVORS.get(family))
+
+
+def register_specs() -> None:
+    """Register every flexdemo spec with torchtitan (once per process: see flexdemo.titan.register)."""
+    for name, family in FAMILIES.items():
+        register_train_spec(name, family_spec(family))
