@@ -26,9 +26,9 @@ step alike (global copy and momentum unchanged, error feedback given back what i
 learns which replicas and parameters were non-finite (two small object all_gathers, on such a
 cycle only).
 
-A discarded cycle also **resets** the inner optimizers' state on every replica (those given as
+A discarded cycle also **resets** the inner optimizers' state on every replica (given as
 ``inner_optimizers=``, or by :meth:`set_inner_optimizers` where they are built after the DiLoCo,
-as torchtitan's optimizer container does): every state tensor is zeroed in place, which for Adam/AdamW is
+as in torchtitan's optimizer container): every state tensor is zeroed in place, for Adam/AdamW
 exactly a fresh state (step 0, zero moments), so the next cycle starts from finite moments
 (keeping them left the replica that blew up NaN forever: every later cycle was discarded too).
 Reset, not restore: restoring the cycle's starting moments needs a snapshot of them at every
