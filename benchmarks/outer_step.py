@@ -5,6 +5,9 @@ Run with one process per GPU (2 replicas x 1 shard):
   torchrun --nproc_per_node 2 benchmarks/outer_step.py --flavor 1B --json out.json
   # the outer top-k's cost as k grows, fused kernels vs torch path, state on the GPU only:
   torchrun --nproc_per_node 2 benchmarks/outer_step.py --topk 32,64,128,256 --configs topk:scaled_sign --no-host-state
+  # the outer SGD alone, one GPU: torch.optim.SGD against the hand-written step it replaced, and
+  # what stepping host-resident state with torch.optim.SGD would cost against streaming it:
+  python3 benchmarks/outer_step.py --sgd-check --json sgd.json
 
 Parameters: the shapes of the llama3 flavor (fp32, random, same on every replica), each
 replica then moved by its own noise (a stand-in for H inner steps). Per configuration
@@ -78,7 +81,8 @@ def run_config(shapes, compression, encoding, state_device, fused, syncs, device
     params = make_params(shapes, device)
     sync()
     base = mem.memory_allocated() if cuda else 0
-    outer = DiLoCo(params, sync_interval=1, compression=compression, value_encoding=encoding, topk=topk,
+    outer = DiLoCo(params, sync_interval=1, inner_optimizers=(), compression=compression, value_encoding=encoding,
+                   topk=topk,
                    chunk=64, decay=0.9, state_device=state_device, fused=fused)
     sync()
     persistent = mem.memory_allocated() - base if cuda else 0
@@ -111,6 +115,84 @@ def run_config(shapes, compression, encoding, state_device, fused, syncs, device
     return result, final
 
 
+def _timed(fn, device, repeats=3) -> float:
+    """The fastest of ``repeats`` runs of ``fn`` after one warm-up, in ms."""
+    best = float("inf")
+    for i in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = best if i == 0 else min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
+@torch.no_grad()
+def sgd_check(device, numel: int, steps: int, lr=0.7, mu=0.9) -> dict:
+    """DiLoCo's outer SGD (torch.optim.SGD on device state; its functional form on streamed host
+    state) against the hand-written step it replaced, on the same random parameters and outer
+    gradients, Nesterov momentum, ``steps`` steps; then the time of one step of each placement,
+    and of torch.optim.SGD stepping the state where it lives in host memory (grads copied down)."""
+    from flexdemo.optim.diloco_outer import OuterSGD
+    from flexdemo.optim.diloco_state import new_entry
+
+    shapes = [(2048, 8192)] * max(1, numel // (2048 * 8192))
+    g = torch.Generator(device=device).manual_seed(0)
+    start = [0.02 * torch.randn(s, device=device, generator=g) for s in shapes]
+    grads = [[1e-3 * torch.randn(s, device=device, generator=g) for s in shapes] for _ in range(steps)]
+    result = {"parameters": sum(torch.Size(s).numel() for s in shapes), "steps": steps, "lr": lr, "momentum": mu}
+    # before: per tensor, m = mu * m + g; p -= lr * (g + mu * m)
+    old = [p.clone() for p in start]
+    bufs = [torch.zeros_like(p) for p in start]
+    for step_grads in grads:
+        for p, m, gr in zip(old, bufs, step_grads):
+            m.mul_(mu).add_(gr)
+            p.add_(gr.add(m, alpha=mu), alpha=-lr)
+    finals, outers = {}, {}
+    for placement in ("device", "cpu"):
+        params = [p.clone() for p in start]
+        entries = [new_entry(str(i), p, placement == "cpu", True, False) for i, p in enumerate(params)]
+        for e, p in zip(entries, params):
+            e.global_copy.copy_(p)
+        outer = OuterSGD(entries, lr, mu, True, placement == "cpu")
+        for step_grads in grads:
+            outer.step([(e, gr.clone()) for e, gr in zip(entries, step_grads)])  # Nesterov writes into .grad
+        finals[placement], outers[placement] = params, (outer, entries)
+    for placement, params in finals.items():
+        diff = max(float((a - b).abs().max()) for a, b in zip(params, old))
+        ulps = max(int((a.view(torch.int32) - b.view(torch.int32)).abs().max()) for a, b in zip(params, old))
+        result[f"{placement}_state_max_abs_diff_vs_hand_written"] = diff
+        result[f"{placement}_state_max_ulp_diff_vs_hand_written"] = ulps
+        result[f"{placement}_state_bitwise_equal_to_hand_written"] = diff == 0.0 and ulps == 0
+    result["host_state_bitwise_equal_to_device_state"] = all(
+        torch.equal(a, b) for a, b in zip(finals["device"], finals["cpu"]))
+    result["max_abs_parameter"] = max(float(p.abs().max()) for p in old)
+    for placement, (outer, entries) in outers.items():
+        result[f"ms_step_{placement}_state"] = _timed(
+            lambda: outer.step([(e, gr.clone()) for e, gr in zip(entries, grads[0])]), device)
+    if device.type == "cuda":  # torch.optim.SGD on the pinned host state itself (its CPU kernels)
+        host = [torch.zeros(s, pin_memory=True) for s in shapes]
+        host_grads = [torch.empty(s, pin_memory=True) for s in shapes]
+        opt = torch.optim.SGD(host, lr=lr, momentum=mu, nesterov=True)
+        on_device = [p.clone() for p in start]
+
+        def host_step():
+            for hg, gr in zip(host_grads, grads[0]):
+                hg.copy_(gr, non_blocking=True)
+            torch.cuda.synchronize(device)
+            for p, hg in zip(host, host_grads):
+                p.grad = hg
+            opt.step()
+            for d, p in zip(on_device, host):
+                d.copy_(p, non_blocking=True)
+
+        result["ms_step_torch_sgd_on_host_state"] = _timed(host_step, device)
+        result["host_threads"] = torch.get_num_threads()
+    return result
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flavor", default="1B")
@@ -120,7 +202,18 @@ def main():
     ap.add_argument("--configs", default=",".join(f"{c}:{e}" for c, e in CONFIGS),
                     help="compression:encoding pairs to run (default: all)")
     ap.add_argument("--no-host-state", action="store_true", help="skip the rows with state in pinned host memory")
+    ap.add_argument("--sgd-check", action="store_true", help="the outer SGD alone (one process, no exchange)")
+    ap.add_argument("--sgd-numel", type=int, default=1 << 28, help="--sgd-check: parameters (2048x8192 tensors)")
     args = ap.parse_args()
+    if args.sgd_check:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                  "torch": torch.__version__, **sgd_check(device, args.sgd_numel, args.syncs)}
+        print(json.dumps(report, indent=1))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+        return
     configs = [tuple(c.split(":")) for c in args.configs.split(",")]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:

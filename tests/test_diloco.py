@@ -30,12 +30,13 @@ def _inner_steps(params, inner, gen, steps):
 def _against_reference(rank, world, kw):
     ours, ref = make_params(), make_params()
     sharded = dict(exchange="sharded") if "sharded_topk" in kw else {}
-    outer = DiLoCo([(str(i), p) for i, p in enumerate(ours)], sync_interval=H, **kw, **sharded)
+    inner_ours = torch.optim.AdamW(ours, lr=1e-2)
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(ours)], sync_interval=H, inner_optimizers=[inner_ours], **kw,
+                   **sharded)
     reference = ReferenceDiLoCo(ref, lr=kw["outer_lr"], momentum=kw["outer_momentum"], nesterov=kw["nesterov"],
                                 compression=kw["compression"], encoding=kw["value_encoding"],
                                 topk=kw.get("topk", 32), decay=kw.get("decay", 0.9),
                                 sharded_topk=kw.get("sharded_topk"))
-    inner_ours = torch.optim.AdamW(ours, lr=1e-2)
     inner_ref = torch.optim.AdamW(ref, lr=1e-2)
     start = [p.detach().clone() for p in ours]
     worst, identical_after_sync, differ_inside_cycle, syncs = 0.0, [], [], []
@@ -118,7 +119,7 @@ def test_sharded_topk_recompression_matches_reference_at_3_replicas(encoding):
 def _payload_bytes(rank, world):
     params = make_params()
     outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, compression="topk",
-                   value_encoding="scaled_sign", topk=8, chunk=64)
+                   value_encoding="scaled_sign", topk=8, chunk=64, inner_optimizers=())  # steps by hand
     for p in params:
         p.grad = None
     outer.before_inner_step()
@@ -152,7 +153,7 @@ def test_topk_bytes_are_the_payload_formula():
 def _sync_times(rank, world, compression):
     params = make_params()
     outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, compression=compression,
-                   value_encoding="fp32", topk=8, chunk=64)
+                   value_encoding="fp32", topk=8, chunk=64, inner_optimizers=())  # steps by hand
     times = []
     for _ in range(4):
         outer.before_inner_step()
@@ -195,9 +196,9 @@ def _sharded_vs_unsharded(rank, world, compression, encoding, state_device):
     fully_shard(sharded, mesh=mesh["shard"])
     sharded.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
     kw = dict(sync_interval=2, compression=compression, value_encoding=encoding, topk=16, replicate_group=group)
-    outers = [DiLoCo(sharded.named_parameters(), state_device=state_device, **kw),
-              DiLoCo(plain.named_parameters(), **kw)]
     inners = [torch.optim.SGD(sharded.parameters(), lr=0.05), torch.optim.SGD(plain.parameters(), lr=0.05)]
+    outers = [DiLoCo(sharded.named_parameters(), state_device=state_device, inner_optimizers=inners[:1], **kw),
+              DiLoCo(plain.named_parameters(), inner_optimizers=inners[1:], **kw)]
     gen = torch.Generator().manual_seed(100 + replica)  # same data on both shards of a replica
     worst = 0.0
     for _ in range(6):
@@ -234,9 +235,9 @@ def test_sharded_equals_unsharded(compression, encoding, state_device):
 def _resume_mid_cycle(rank, world, compression, encoding):
     def run(steps, state=None):
         params = make_params()
-        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=4, compression=compression,
-                       value_encoding=encoding, topk=8)
         inner = torch.optim.AdamW(params, lr=1e-2)
+        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=4, compression=compression,
+                       value_encoding=encoding, topk=8, inner_optimizers=[inner])
         first = 0
         if state is not None:
             outer_sd, inner_sd, first = state
@@ -287,8 +288,9 @@ def _all_coefficients_vs_dense(rank, world):
     results = []
     for kw in (dict(compression="dense"), dict(compression="topk", topk=64 * 64, decay=0.0)):
         params = make_params()
-        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, value_encoding="fp32", **kw)
         inner = torch.optim.AdamW(params, lr=1e-2)
+        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, value_encoding="fp32",
+                       inner_optimizers=[inner], **kw)
         for step in range(6):
             outer.before_inner_step()
             _inner_steps(params, inner, torch.Generator().manual_seed(10 * rank + step), 1)
@@ -301,3 +303,41 @@ def _all_coefficients_vs_dense(rank, world):
 def test_topk_keeping_everything_equals_dense():
     for worst in run_ranks(_all_coefficients_vs_dense, 2):
         assert worst < 1e-5, worst
+
+
+@pytest.mark.parametrize("state_device", ["device", "cpu"])
+def test_the_outer_step_is_torch_sgd_on_the_checkpointed_momentum(state_device):
+    # One replica (no exchange): the outer gradient is the pseudo-gradient itself. torch.optim.SGD's
+    # momentum buffers are the checkpointed tensors (so the old keys load into them), and the
+    # step is the hand-written one it replaced, bit for bit.
+    params = make_params()
+    inner = torch.optim.SGD(params, lr=0.1)
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, inner_optimizers=[inner],
+                   outer_lr=0.7, outer_momentum=0.9, nesterov=True, state_device=state_device)
+    sgd = outer.outer_optimizer.optimizer
+    if state_device == "device":
+        assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["nesterov"] and sgd.defaults["lr"] == 0.7
+        assert all(sgd.state[e.global_copy]["momentum_buffer"] is e.momentum for e in outer.entries)
+    else:
+        assert sgd is None  # streamed through torch.optim.sgd.sgd one tensor at a time
+    keys = set(outer.state_dict("g.", "r."))
+    glob = [p.detach().clone() for p in params]
+    mom = [torch.zeros_like(p) for p in params]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        outer.before_inner_step()
+        with torch.no_grad():
+            for p in params:
+                p.add_(torch.randn(p.shape, generator=gen), alpha=1e-2)
+        # the hand-written step of before, on the same inputs
+        for g, m, p in zip(glob, mom, params):
+            pg = g - p.detach()
+            m.mul_(0.9).add_(pg)
+            g.add_(pg.add(m, alpha=0.9), alpha=-0.7)
+        assert outer.after_inner_step()
+        assert all(torch.equal(p, g) for p, g in zip(params, glob))
+        assert all(torch.equal(e.momentum, m) for e, m in zip(outer.entries, mom))
+    if sgd is not None:
+        assert all(sgd.state[e.global_copy]["momentum_buffer"] is e.momentum for e in outer.entries)
+        assert all(e.global_copy.grad is None for e in outer.entries)
+    assert set(outer.state_dict("g.", "r.")) == keys  # no new checkpoint keys

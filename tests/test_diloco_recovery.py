@@ -66,9 +66,8 @@ def _cycle(outer, inner, params, rank, bad_step=None, reference=None):
 
 def _recovery(rank, world, compression, encoding):
     params = make_params()
-    outer = _outer(params, compression, encoding)
     inner = torch.optim.AdamW(params, lr=LR)
-    outer.set_inner_optimizers([inner])
+    outer = _outer(params, compression, encoding, inner_optimizers=[inner])  # a library caller's way
     out = []
     for cycle in range(5):
         reference = None
@@ -115,7 +114,7 @@ def _repeated(rank, world, compression, encoding, bad_cycles, limit, cycles):
     params = make_params()
     outer = _outer(params, compression, encoding, max_consecutive_skips=limit)
     inner = torch.optim.AdamW(params, lr=LR)
-    outer.set_inner_optimizers([inner])
+    outer.set_inner_optimizers([inner])  # torchtitan's way: the container builds them after the DiLoCo
     skipped = []
     for cycle in range(cycles):
         bad_step = 0 if (cycle in bad_cycles and rank == 1) else None
@@ -157,3 +156,21 @@ def test_max_consecutive_skips_must_be_a_count():
     for bad in (-1, 2.5, True, None):
         with pytest.raises(ValueError, match="max_consecutive_skips must be an int >= 0"):
             _outer(params, "dense", "fp32", max_consecutive_skips=bad)
+
+
+@pytest.mark.parametrize("compression", ["dense", "topk"])
+def test_without_inner_optimizers_the_first_step_refuses_naming_the_call(compression):
+    # Without them a discarded cycle could not reset the inner AdamW, whose NaN moments would then
+    # discard every later cycle: refused before anything runs, not found out at the first NaN.
+    params = make_params()
+    outer = _outer(params, compression, "fp32")
+    for step in (outer.before_inner_step, outer.sync):
+        with pytest.raises(ValueError, match=r"inner_optimizers=\[inner\].*set_inner_optimizers\(\[inner\]\)"):
+            step()
+    assert not outer.has_global and outer.outer_steps == 0
+    outer.set_inner_optimizers([torch.optim.AdamW(params, lr=LR)])
+    outer.before_inner_step()  # given now: runs
+    assert outer.has_global
+    _outer(params, compression, "fp32", inner_optimizers=()).before_inner_step()  # no inner state: said so
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        _outer(params, compression, "fp32", inner_optimizers=params)  # the parameters by mistake

@@ -44,17 +44,18 @@ def _train(params, inner, outer, steps, first_seed=0):
         outer.after_inner_step()
 
 
-def _diloco(params, sync_interval, group=None, **kw):
+def _diloco(params, inner, sync_interval, group=None, **kw):
     return DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=sync_interval, replicate_group=group,
-                  outer_lr=0.7, outer_momentum=0.9, **kw)
+                  outer_lr=0.7, outer_momentum=0.9, inner_optimizers=[inner], **kw)
 
 
 def test_a_dense_outer_step_not_committed_is_carried_into_the_next_cycle_exactly():
     elastic, plain = make_params(), make_params()
-    a = _diloco(elastic, H, ScriptedElasticGroup([False, True]))
-    b = _diloco(plain, 2 * H)  # the reference: one cycle as long as the two
-    _train(elastic, torch.optim.AdamW(elastic, lr=1e-2), a, 2 * H)
-    _train(plain, torch.optim.AdamW(plain, lr=1e-2), b, 2 * H)
+    inner_a, inner_b = torch.optim.AdamW(elastic, lr=1e-2), torch.optim.AdamW(plain, lr=1e-2)
+    a = _diloco(elastic, inner_a, H, ScriptedElasticGroup([False, True]))
+    b = _diloco(plain, inner_b, 2 * H)  # the reference: one cycle as long as the two
+    _train(elastic, inner_a, a, 2 * H)
+    _train(plain, inner_b, b, 2 * H)
     assert (a.outer_steps, a.failed_syncs, b.outer_steps) == (1, 1, 1)
     for x, y, ex, ey in zip(elastic, plain, a.entries, b.entries):
         assert torch.equal(x, y)
@@ -64,9 +65,9 @@ def test_a_dense_outer_step_not_committed_is_carried_into_the_next_cycle_exactly
 def test_a_topk_outer_step_not_committed_changes_nothing_but_keeps_the_pseudo_gradient():
     params = make_params()
     start = [p.detach().clone() for p in params]
-    outer = _diloco(params, H, ScriptedElasticGroup([False, True]), compression="topk", topk=8, chunk=16,
-                    value_encoding="fp32", decay=0.5)
     inner = torch.optim.AdamW(params, lr=1e-2)
+    outer = _diloco(params, inner, H, ScriptedElasticGroup([False, True]), compression="topk", topk=8, chunk=16,
+                    value_encoding="fp32", decay=0.5)
     _train(params, inner, outer, H)
     assert (outer.outer_steps, outer.failed_syncs, outer.last_sync_committed) == (0, 1, False)
     for p, p0, e in zip(params, start, outer.entries):

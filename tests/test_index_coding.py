@@ -56,6 +56,7 @@ def _outer_runs(rank, world, cycles):
         outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, compression="topk",
                        value_encoding="scaled_sign", topk=8, chunk=64, index_coding=coding)
         inner = torch.optim.AdamW(params, lr=1e-2)
+        outer.set_inner_optimizers([inner])
         for step in range(2 * cycles):
             outer.before_inner_step()
             backward_on(params, 1000 * rank + step)

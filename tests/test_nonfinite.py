@@ -137,9 +137,9 @@ def _diloco(rank, world, compression, encoding):
     from flexdemo.optim.diloco import DiLoCo
 
     params = make_params()
-    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, compression=compression,
-                   value_encoding=encoding, topk=8)
     inner = torch.optim.SGD(params, lr=0.1)
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, compression=compression,
+                   value_encoding=encoding, topk=8, inner_optimizers=[inner])
     results = []
     for cycle in range(3):
         outer.before_inner_step()

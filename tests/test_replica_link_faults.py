@@ -24,7 +24,7 @@ def _stalled_peer(rank, world, which):
         step = opt.step
     else:
         opt = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, exchange_timeout=TIMEOUT,
-                     compression="dense")
+                     compression="dense", inner_optimizers=())
         step = opt.sync
     if rank == 1:
         time.sleep(STALL)  # the peer across the slow link never shows up in time

@@ -50,6 +50,8 @@ def _outer_full_budget_equals_allgather(rank, world, cycles):
                      **kw),
               DiLoCo([(str(i), p) for i, p in enumerate(gathered)], **kw)]
     inners = [torch.optim.AdamW(sharded, lr=1e-2), torch.optim.AdamW(gathered, lr=1e-2)]
+    for outer, inner in zip(outers, inners):
+        outer.set_inner_optimizers([inner])
     differing = []
     for step in range(2 * cycles):
         for params, inner, outer in zip((sharded, gathered), inners, outers):

@@ -12,8 +12,9 @@ group). At a sync, per parameter and on this rank's local shard:
      ``e -= IDCT(sent)``; one packed all_gather; ``IDCT(mean over the replicas that selected
      each coefficient)``. Unlike the paper's code, the worker's own uncompressed ``pg`` is
      never added back, so the update depends only on bytes every replica received;
-3. outer SGD on ``global`` (``torch.optim.SGD`` semantics, dampening 0): with momentum
-   ``m = mu * m + g`` and the step ``g + mu * m`` (Nesterov) or ``m``; ``global -= lr * step``;
+3. ``torch.optim.SGD`` (dampening 0) on ``global``, the outer gradient in its ``.grad``
+   (diloco_outer.py): with momentum ``m = mu * m + g`` and the step ``g + mu * m`` (Nesterov)
+   or ``m``; ``global -= lr * step``;
 4. ``local := global``.
 
 Every replica computes the same bits in steps 2-4, so replicas are bit-identical after every
@@ -25,8 +26,9 @@ step alike (global copy and momentum unchanged, error feedback given back what i
 learns which replicas and parameters were non-finite (two small object all_gathers, on such a
 cycle only).
 
-A discarded cycle also **resets** the inner optimizers' state on every replica (those given by
-:meth:`set_inner_optimizers`): every state tensor is zeroed in place, which for Adam/AdamW is
+A discarded cycle also **resets** the inner optimizers' state on every replica (given as
+``inner_optimizers=``, or by :meth:`set_inner_optimizers` where they are built after the DiLoCo,
+as in torchtitan's optimizer container): every state tensor is zeroed in place, for Adam/AdamW
 exactly a fresh state (step 0, zero moments), so the next cycle starts from finite moments
 (keeping them left the replica that blew up NaN forever: every later cycle was discarded too).
 Reset, not restore: restoring the cycle's starting moments needs a snapshot of them at every
@@ -51,6 +53,9 @@ an inner lr that diverges) stops the run instead of letting it go on without lea
 State (``global``, outer momentum, error feedback: 12 bytes per parameter) lives on the
 parameters' device, or with ``state_device="cpu"`` in (pinned) host memory, streamed through
 the device one tensor at a time.
+
+The inner optimizers are required (else their NaN moments would discard every later cycle): the
+first step refuses with a ValueError naming the call when none were given (``()``: no state).
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ from flexdemo.compression.exchange import (
 )
 from flexdemo.local import local_tensor
 from flexdemo.optim.diloco_args import WIRE_DTYPES, Compression, StateDevice, check_args
-from flexdemo.optim.diloco_dense import dense_outer_exchange
+from flexdemo.optim.diloco_dense import DENSE_BUCKET_ELEMENTS, dense_outer_exchange
+from flexdemo.optim.diloco_outer import OuterSGD
 from flexdemo.optim.diloco_state import (
     Entry,
     entries_state_dict,
@@ -119,6 +125,7 @@ class DiLoCo:
         exchange: str = "allgather",
         sharded_topk: int = 0,
         index_coding: str = "fixed",
+        inner_optimizers: Iterable[torch.optim.Optimizer] | None = None,
     ):
         check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
                    topk, chunk, decay, state_device, max_consecutive_skips, nonfinite)
@@ -138,12 +145,15 @@ class DiLoCo:
         self.skipped_syncs = 0  # discarded cycles since this object was built
         self.consecutive_skips = 0
         self.last_skipped_by: dict[int, list[str]] = {}  # of the last discarded cycle: replica -> names
-        self.inner_optimizers: list[torch.optim.Optimizer] = []
+        self.inner_optimizers: list[torch.optim.Optimizer] | None = None
+        if inner_optimizers is not None:
+            self.set_inner_optimizers(inner_optimizers)
         self._shard_group = shard_group_of([p for _, p in named])
         check_replicate_group([p for _, p in named], replicate_group, who="DiLoCo")
 
         self.entries = [new_entry(n, p, self.offload, self.outer_momentum > 0, compression == "topk")
                         for n, p in named]
+        self.outer_optimizer = OuterSGD(self.entries, self.outer_lr, self.outer_momentum, nesterov, self.offload)
         self.inner_steps = 0  # inner steps since the last sync (the position in the H-step cycle)
         self.outer_steps = 0
         self.has_global = False  # set at the first cycle's start, or by loading a checkpoint
@@ -172,7 +182,14 @@ class DiLoCo:
 
     @torch.no_grad()
     def before_inner_step(self) -> None:
-        """At the first cycle's start (no checkpoint loaded): global := the parameters."""
+        """At the first cycle's start (no checkpoint loaded): global := the parameters. Refuses
+        (ValueError) without the inner optimizers."""
+        if self.inner_optimizers is None:
+            raise ValueError(
+                "DiLoCo: no inner optimizers: pass DiLoCo(..., inner_optimizers=[inner]) or call "
+                "set_inner_optimizers([inner]) before the first step; a discarded (non-finite) cycle "
+                "resets their state, without which their NaN moments would discard every later cycle "
+                "(inner_optimizers=() if the inner steps keep no state)")
         if not self.has_global:
             for e in self.entries:
                 e.global_copy.copy_(local_tensor(e.param))
@@ -188,8 +205,14 @@ class DiLoCo:
         return True
 
     def set_inner_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
-        """The optimizers of the inner steps, whose state a discarded cycle resets."""
-        self.inner_optimizers = list(optimizers)
+        """The optimizers of the inner steps, whose state a discarded cycle resets: for a caller
+        that builds them after the DiLoCo (torchtitan's optimizer container builds them in its
+        constructor, which takes the DiLoCo); otherwise pass ``inner_optimizers=``."""
+        optimizers = list(optimizers)
+        wrong = [type(o).__name__ for o in optimizers if not isinstance(o, torch.optim.Optimizer)]
+        if wrong:
+            raise TypeError(f"DiLoCo: inner_optimizers must be torch.optim.Optimizer instances, got {wrong}")
+        self.inner_optimizers = optimizers
 
     def state_bytes_per_param(self) -> int:
         return 4 * (1 + (self.outer_momentum > 0) + (self.compression == "topk"))
@@ -257,11 +280,12 @@ class DiLoCo:
         return traffic, skip
 
     def _apply_mean(self, bucket: list[Entry], mean: torch.Tensor) -> None:
-        offset = 0
+        pairs, offset = [], 0
         for e in bucket:
             local = local_tensor(e.param)
-            self._outer_update(e, mean[offset : offset + local.numel()].view(local.shape))
+            pairs.append((e, mean[offset : offset + local.numel()].view(local.shape)))
             offset += local.numel()
+        self.outer_optimizer.step(pairs)
 
     def _sync_topk(self, bad: bool) -> tuple[Traffic, bool | None]:
         comp = self.compressor
@@ -291,33 +315,25 @@ class DiLoCo:
                     comp.restore(b, idx, vals, [acc], members=[i])
                     self._to_state(e.error_feedback, acc)
             return comp.last_traffic, (True if committed else None)
+        pending, size = [], 0  # decoded outer gradients, stepped together up to a dense bucket's size
         for b, (sent_idx, sent_vals) in zip(comp.buckets, sent):
             idx, vals = comp.unpack(b, gathered)
             dropped = comp.dropped(b, idx, sent_idx, sent_vals)  # sharded: back into error feedback
             for i, m in enumerate(b.members):
                 e = self._member_entry[id(m.param)]
                 local = local_tensor(e.param)
-                self._outer_update(e, comp.decode_into(b, idx, vals, i, torch.empty_like(local)))
+                pending.append((e, comp.decode_into(b, idx, vals, i, torch.empty_like(local))))
+                size += local.numel()
+                if size >= DENSE_BUCKET_ELEMENTS:
+                    self.outer_optimizer.step(pending)
+                    pending, size = [], 0
                 if dropped is not None:
                     acc = self._on_device(e.error_feedback, local)
                     comp.restore(b, sent_idx, dropped, [acc], members=[i])
                     self._to_state(e.error_feedback, acc)
+        if pending:
+            self.outer_optimizer.step(pending)
         return comp.last_traffic, False
-
-    def _outer_update(self, e: Entry, grad: torch.Tensor) -> None:
-        """SGD (optionally Nesterov momentum) on the global copy, as torch.optim.SGD; local := global."""
-        local = local_tensor(e.param)
-        glob = self._on_device(e.global_copy, local)
-        if e.momentum is not None:
-            buf = self._on_device(e.momentum, local)
-            buf.mul_(self.outer_momentum).add_(grad)
-            step = grad.add(buf, alpha=self.outer_momentum) if self.nesterov else buf
-            self._to_state(e.momentum, buf)
-        else:
-            step = grad
-        glob.add_(step, alpha=-self.outer_lr)
-        local.copy_(glob)
-        self._to_state(e.global_copy, glob)
 
     def _on_device(self, state: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return state.to(like.device, non_blocking=True) if self.offload else state
