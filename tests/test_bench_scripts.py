@@ -374,7 +374,7 @@ def test_elastic_outage_puts_the_stall_at_the_kill_in_during(tmp_path):
     assert ok, lines
     assert res["first_step_without"] == 103 and res["first_step_back"] == H
     w = res["windows"]
-    assert w["before"]["outage"]["tokens_per_s"] == pytest.approx(81920, rel=1e-3)  # old windowing: 26,189
+    assert w["before"]["outage"]["tokens_per_s"] == pytest.approx(81920, rel=1e-3)  # old windowing: 20,986
     assert w["before"]["outage"]["steps"] == [51, 100]
     assert res["kill_split_step"] == 101
     assert res["stall_at_kill"] == {"step": 102, "seconds": 15.2}
