@@ -76,7 +76,9 @@ def plan(commands: list[list[str]]) -> tuple[list[str], list[dict], list[dict]]:
             problems.append(f"{where}: no config {config.relative_to(REPO)}")
             return
         n = nproc or ("4" if parts[1].startswith("gpu_4gpu") else "2")
-        jobs.append({"where": where, "config": str(config), "flags": [*shlex.split(common), *parts[2:]], "nproc": n})
+        flags = [*shlex.split(common), *parts[2:]]
+        if not any(j["config"] == str(config) and j["flags"] == flags and j["nproc"] == n for j in jobs):
+            jobs.append({"where": where, "config": str(config), "flags": flags, "nproc": n})
 
     for argv in commands:
         where = " ".join(argv)[:160]
