@@ -102,10 +102,13 @@ def plan(commands: list[list[str]]) -> tuple[list[str], list[dict], list[dict]]:
                 problems.append(f"{where}: gpu.sh {suite} takes no arguments here")
             if suite == "runs":
                 common, nproc = _value(rest, "--common"), _value(rest, "--nproc") or None
-                skip = {i + 1 for i, a in enumerate(rest) if a.startswith("--")}
-                for i, a in enumerate(rest):
-                    if not a.startswith("--") and i not in skip:
-                        job(where, a, common, nproc)
+                i = 0
+                while i < len(rest):  # runs.py's flags all take a value; the rest are job specs
+                    if rest[i].startswith("--"):
+                        i += 2
+                        continue
+                    job(where, rest[i], common, nproc)
+                    i += 1
         elif argv[0] == "bash" and argv[1] == "benchmarks/recipe.sh":
             stage, rest = argv[2], argv[3:]
             if stage not in case_labels(REPO / argv[1]):
@@ -177,7 +180,7 @@ WORKER = textwrap.dedent("""
         finally:
             signal.alarm(0)
     argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = original, original_known
-    pre = importlib.import_module(todo["preflight"])
+    pre = importlib.import_module(todo["preflight"]) if todo["jobs"] else None
     for j in todo["jobs"]:
         os.environ["NPROC"] = j["nproc"]
         err = io.StringIO()
@@ -214,7 +217,8 @@ def test_every_command_on_the_results_page_parses_on_todays_code():
     ('bash benchmarks/gpu.sh runs --common "--model.flavor small" "a gpu_2gpu_no_such_config"', "no config"),
     ('bash benchmarks/gpu.sh runs --common "--model.flavor small" "a gpu_2gpu_flexdemo --flexdemo.no_such_key 1"',
      "no_such_key"),
-    ("bash benchmarks/gpu.sh link --rate 1gbit --no-such-flag 3", "no-such-flag"),
+    ("bash benchmarks/gpu.sh runs --no-such-flag 3 \"a gpu_2gpu_flexdemo\"", "no-such-flag"),
+    ("python3 benchmarks/exchange_bytes.py --no-such-flag", "no-such-flag"),
     ("python3 benchmarks/no_such_script.py --x", "no script"),
     ("bash benchmarks/gpu.sh nosuite", "no suite"),
     ("bash benchmarks/recipe.sh pick 4321 k8 no_such_variant", "no variant"),
