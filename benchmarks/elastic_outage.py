@@ -18,11 +18,19 @@ Every replica logs every step (``--metrics.log_freq 1``). From the logs:
   sent, plus one, from the ``flexdemo step:`` lines); K: the first step without the killed
   replica, H: the first with all of them again (the step the restarted replica healed at:
   "healed from a live peer at step H"); the survivors took steps K .. H-1 without it.
+- S, the step the kill splits replica 0's steps at, on the survivors' own clock: the first step
+  the killed replica never logged (its last logged step + 1) or, if earlier, the first step
+  replica 0 logged after the kill's time (its log's timestamps against the driver's clock).
+  The step in flight at the kill waits for the dead peer (NCCL: up to the process group's
+  timeout) and may still count every replica (its exchange was started with them), so K alone
+  would put that stall in "before".
 - replica 0's tokens/s per GPU (torchtitan's tps lines) over three windows, as window
   throughput (tokens / seconds = the harmonic mean of the per-step tps): before = steps
-  (--warmup, K-1], during = (K + --margin, H - 1], after = (H + --margin, steps]; steps right
-  after a validation (whose time lands in them) are left out; the same windows of the
-  uninterrupted run beside them; the slowest step after K and after H (the stall).
+  (--warmup, S-1], during = [S, H-1] (the stall included: it is the outage's cost), after =
+  (H + --margin, steps]; steps right after a validation (whose time lands in them) are left out;
+  the same windows of the uninterrupted run beside them; the stall at the kill (the slowest step
+  in [S, K + --margin]) and at the rejoin (the slowest in [H, H + --margin]), each a step and
+  its seconds.
 - whether the restarted replica's params digest equals replica 0's at every step it logged one
   (the ``flexdemo: elastic step S: N replicas took part, params digest D`` lines, every
   ``replica_check_interval`` steps), and the other survivors' too.
@@ -106,7 +114,9 @@ def run_elastic(kind: str, args: argparse.Namespace, gpus: list[str]) -> dict:
         if kind == "outage":
             cluster.wait_for_step(victim, args.kill_at, deadline)
             cluster.kill(victim)
-            seen["events"]["killed_s"] = round(time.time() - t0, 1)
+            killed = time.time()
+            seen["events"]["killed_s"] = round(killed - t0, 1)
+            seen["events"]["killed_unix"] = round(killed, 3)
             seen["events"]["replica0_step_at_kill"] = last_logged_step(cluster.log("replica0"))
             cluster.wait_for_step("replica0", args.restart_at, deadline)
             start_replica(cluster, args, gpus, args.victim, f"{victim}_restarted")
@@ -200,6 +210,18 @@ def slowest(run: RunLog, lo: int, hi: int) -> dict | None:
     return {"step": s, "seconds": sec}
 
 
+def kill_split(run: RunLog, victim_last: int, killed_unix: float | None) -> int:
+    """The first of replica 0's steps that the kill can have touched, on its own step clock: the
+    killed replica's last logged step + 1, or the first step replica 0 logged after the kill's
+    time if that is earlier (same host, one clock)."""
+    split = victim_last + 1
+    if killed_unix is not None and run.t0 is not None:
+        after = [s for s, t in run.step_time.items() if run.t0 + t > killed_unix]
+        if after:
+            split = min(split, min(after))
+    return split
+
+
 def rel(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
@@ -248,18 +270,20 @@ def report(args: argparse.Namespace, seen: dict[str, dict]) -> tuple[dict, list[
         res["first_step_without"], res["first_step_back"] = first_short, back_at
         res["survivor_steps_in_outage"] = back_at - first_short
         res["survivor_steps_short"] = sum(1 for s, n in n0.items() if first_short <= s < back_at and n < R)
+        split = kill_split(r0, K, seen.get("outage", {}).get("events", {}).get("killed_unix"))
+        res["kill_split_step"] = split
         skip = val_skip(r0) | val_skip(b0)
-        wins = {"before": (args.warmup, first_short - 1), "during": (first_short + args.margin, back_at - 1),
+        wins = {"before": (args.warmup, split - 1), "during": (split - 1, back_at - 1),
                 "after": (back_at + args.margin, args.steps)}
         res["windows"] = {}
         for name, (lo, hi) in wins.items():
             res["windows"][name] = {"outage": window(r0, lo, hi, skip),
                                     "uninterrupted": window(b0, lo, hi, skip) if b0 else None}
         res["windows_left_out"] = sorted(s for s in skip if s <= args.steps)
-        res["slowest_step_after_kill"] = slowest(r0, first_short, first_short + args.margin)
-        res["slowest_step_at_rejoin"] = slowest(r0, back_at, back_at + args.margin)
-        if first_short - 1 in r0.step_time and back_at in r0.step_time:
-            res["outage_wall_s"] = round(r0.step_time[back_at] - r0.step_time[first_short - 1], 1)
+        res["stall_at_kill"] = slowest(r0, split, max(split, first_short + args.margin))
+        res["stall_at_rejoin"] = slowest(r0, back_at, back_at + args.margin)
+        if split - 1 in r0.step_time and back_at in r0.step_time:
+            res["outage_wall_s"] = round(r0.step_time[back_at] - r0.step_time[split - 1], 1)
         # digests: the restarted replica (and every survivor) against replica 0, step by step
         d0 = digests(out_dir / "replica0.log")
         checks = {}
@@ -319,7 +343,8 @@ def report(args: argparse.Namespace, seen: dict[str, dict]) -> tuple[dict, list[
                      f"peer at step {res['healed_at']}. Replica 0 stepped without it from step "
                      f"{res['first_step_without']} to {res['first_step_back'] - 1}: "
                      f"{res['survivor_steps_in_outage']} steps"
-                     + (f", {res['outage_wall_s']} s" if 'outage_wall_s' in res else "")
+                     + (f", {res['outage_wall_s']} s from the end of step {res['kill_split_step'] - 1} (the stall "
+                        "included)" if 'outage_wall_s' in res else "")
                      + f"; all {R} again from step {res['first_step_back']}.")
         lines.append("")
         lines.append("| replica 0, tokens/s per GPU | before | during | after |")
@@ -335,9 +360,9 @@ def report(args: argparse.Namespace, seen: dict[str, dict]) -> tuple[dict, list[
         lines.append("")
         lines.append("| | value |")
         lines.append("|---|---|")
-        sk, sr = res["slowest_step_after_kill"], res["slowest_step_at_rejoin"]
-        for what, x in (("after the kill", sk), ("at the rejoin", sr)):
-            lines.append(f"| slowest step {what} | {f(x and x['seconds'], '{:.2f}')} s (step {x and x['step']}) |")
+        sk, sr = res["stall_at_kill"], res["stall_at_rejoin"]
+        for what, x in (("at the kill (in 'during')", sk), ("at the rejoin", sr)):
+            lines.append(f"| stall {what} | step {x and x['step']}: {f(x and x['seconds'], '{:.2f}')} s |")
         rj = res["digest_checks"][f"replica{v}_restarted"]
         lines.append(f"| rejoined replica's digest = replica 0's | {'yes' if res['rejoined_bitwise_equal'] else 'NO'}: "
                      f"{rj['equal']} of {rj['logged']} checks, steps {rj['first']}-{rj['last']} |")
@@ -361,10 +386,11 @@ def report(args: argparse.Namespace, seen: dict[str, dict]) -> tuple[dict, list[
                      + (f" (elastic uninterrupted, same steps: {f(uw['tokens_per_s'])})" if uw else "") + " |")
     lines.append("")
     if r0 is not None:
-        lines.append(f"Windows: replica 0's logged steps, tokens / seconds over the window (K: the first step without "
-                     f"the killed replica, H: the first with all again); before = ({args.warmup}, K-1], during = "
-                     f"(K+{args.margin}, H-1], after = (H+{args.margin}, {args.steps}]; the step after each "
-                     "validation left out.")
+        lines.append(f"Windows: replica 0's logged steps, tokens / seconds over the window (S = {res['kill_split_step']}: "
+                     "the first step the killed replica never logged, or the first replica 0 logged after the "
+                     "kill if earlier; H: the first with all again); before = "
+                     f"({args.warmup}, S-1], during = [S, H-1] (the stall at the kill included), after = "
+                     f"(H+{args.margin}, {args.steps}]; the step after each validation left out.")
     ok = not problems
     if b0 is not None and not res.get("uninterrupted_digests_equal"):
         problems.append("uninterrupted: replicas' digests differ")
@@ -382,7 +408,8 @@ def main() -> int:
     ap.add_argument("--kill-at", type=int, default=300, help="kill once the victim has logged this step")
     ap.add_argument("--restart-at", type=int, default=500, help="restart once replica 0 has logged this step")
     ap.add_argument("--warmup", type=int, default=50, help="steps left out of the 'before' window")
-    ap.add_argument("--margin", type=int, default=10, help="steps left out after the kill and after the rejoin")
+    ap.add_argument("--margin", type=int, default=10,
+                    help="steps left out after the rejoin; the stall at the kill is looked for up to K + margin")
     ap.add_argument("--runs", default="outage,uninterrupted", help="comma-separated: outage, uninterrupted, reference")
     ap.add_argument("--common", default="", help="torchtitan flags added to every replica's command line")
     ap.add_argument("--reference-config", type=Path, default=REPO / "train_configs" / "gpu_4gpu_4x1_flexdemo.toml")

@@ -32,6 +32,7 @@ import argparse
 import csv
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,31 @@ def _at(table: dict[int, float], step: int) -> float | None:
     return table[max(before)] if before else None
 
 
+def _totals(run: RunLog, steps: list[int]) -> dict[int, int]:
+    """Bytes received per rank up to each step, read after that step's exchange: the logs' last
+    byte line can come before the last step (every 10th step logged: 1020 of 1024), and a DiLoCo
+    mode's last outer step is the run's last step. A per-step mode (bytes sent every step) adds its
+    per-step bytes for the steps after the last byte line; a DiLoCo mode (nothing sent per step;
+    its name holds ``h<H>``) adds one sync's bytes per outer step after it."""
+    totals = {s: x.received_total for s, x in run.exchange.items()}
+    if not totals:
+        return {}
+    last = max(totals)
+    out = {s: _at(totals, s) for s in steps}
+    per_step = run.exchange[last].sent
+    h = re.search(r"(?:^|_)h(\d+)(?:_|$)", run.name)
+    for s in steps:
+        if s <= last:
+            continue
+        if per_step:
+            out[s] = totals[last] + (s - last) * (totals[last] // last)
+        elif h and totals[last]:
+            H = int(h[1])
+            done = last // H
+            out[s] = totals[last] // done * (s // H) if done else totals[last]
+    return out
+
+
 def series(run: RunLog, label: str | None = None, seconds: dict[int, float] | None = None) -> Series:
     kind = run.validation if run.validation else run.loss
     label = label or run.name
@@ -119,12 +145,26 @@ def series(run: RunLog, label: str | None = None, seconds: dict[int, float] | No
         label += " [bytes modelled]"
     steps = sorted(kind)
     times = seconds if seconds is not None else {**run.step_time, **run.validation_time}
-    totals = {s: x.received_total for s, x in run.exchange.items()}
+    totals = _totals(run, steps)
     return Series(label, steps, [kind[s] for s in steps], [s * (run.tokens_per_step or 0) for s in steps],
-                  [_at(totals, s) for s in steps], [times.get(s) for s in steps])
+                  [totals.get(s) for s in steps], [times.get(s) for s in steps])
 
 
-def plot(all_series: list[Series], out_dir: Path, title: str = "") -> list[Path]:
+def _zoom(ax, values: list[float], targets: list[float], finals: list[float]) -> None:
+    """y from just below the lowest loss to 12% above the highest target (and above every run's
+    last value): where gaps of a few percent sit; the early, high part of the curves is cut off."""
+    if not values:
+        return
+    lo = min(values)
+    hi = max([t * 1.12 for t in targets] + [f * 1.03 for f in finals] + [lo * 1.05])
+    ax.set_ylim(lo - 0.03 * (hi - lo), hi)
+
+
+def plot(all_series: list[Series], out_dir: Path, title: str = "",
+         targets: list[tuple[str, float]] = (), ring_bytes: float | None = None) -> list[Path]:
+    """Held-out loss vs tokens, bytes and wall time. ``targets``: (label, loss) drawn as dashed
+    horizontal lines (AdamW-DDP's final held-out loss); ``ring_bytes``: the byte baseline's whole
+    run (a bf16 ring all-reduce every step), a dotted vertical line on the bytes plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,22 +172,33 @@ def plot(all_series: list[Series], out_dir: Path, title: str = "") -> list[Path]
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    last_values = [s.loss[-1] for s in all_series if s.loss]
     for attr, xlabel, log_x, name in (("tokens", "tokens (all replicas)", False, "loss_vs_tokens.png"),
-                                      ("bytes", "bytes received per rank over the replica dimension", True,
+                                      ("bytes", "bytes received per rank over the replica dimension "
+                                                "(read after the last step's exchange)", True,
                                        "loss_vs_bytes.png"),
                                       ("seconds", "wall time since step 1 (s)", True, "loss_vs_time.png")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(11, 5))
+        shown = []
         for s in all_series:
             pts = [(x, y) for x, y in zip(getattr(s, attr), s.loss) if x is not None and (x > 0 or not log_x)]
             if pts:
                 ax.plot(*zip(*pts), marker="o", markersize=3, label=s.label)
+                shown += [y for _, y in pts]
+        for i, (label, loss) in enumerate(targets):
+            ax.axhline(loss, ls="--", lw=1.2, color="black" if i == 0 else "dimgray",
+                       label=f"target: {label} = {loss:.4f}")
+        if attr == "bytes" and ring_bytes:
+            ax.axvline(ring_bytes, ls=":", lw=1.2, color="black",
+                       label=f"bf16 ring all-reduce every step, whole run ({ring_bytes:.3g} B)")
         if log_x:
             ax.set_xscale("log")
+        _zoom(ax, shown, [t for _, t in targets], last_values)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("loss (held-out validation unless labelled)")
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title + "\n(y zoomed: the early part of the curves lies above the axis)", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
         fig.savefig(out_dir / name, dpi=120)
         plt.close(fig)
@@ -159,8 +210,25 @@ def _seed(name: str) -> str:
     return name.rsplit("_s", 1)[1] if "_s" in name else ""
 
 
+CODES = [  # run-name codes of benchmarks/recipe.sh, spelled out in the frontier's legend
+    (r"^dd_h(\d+)_k(\d+)", r"demo_diloco H=\1 outer top-\2"), (r"^k(\d+)", r"top-\1"),
+    (r"_1b\b", ""), (r"_d9995\b", ", decay 0.9995"), (r"_d995\b", ", decay 0.995"),
+    (r"_lr5e-4\b", ", lr 5e-4"), (r"_two_bit\b", ", two_bit values"), (r"_scaled\b", ", scaled_sign values"),
+    (r"_ef\b", ", elias_fano indices"), (r"_s\b", ", lr 5e-4"), (r"_l\b", ", lr 2e-3")]
+
+
+def describe(name: str) -> str:
+    """recipe.sh's code (k8_d995_s1234) in words (top-8, decay 0.995), without the seed."""
+    base = re.sub(r"_s\d+$", "", name)
+    for pat, rep in CODES:
+        base = re.sub(pat, rep, base)
+    return base
+
+
 def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str = "") -> tuple[Path, str]:
-    """Last held-out loss vs total bytes per run (a PNG), and the markdown table of the same."""
+    """Last held-out loss vs total bytes per run (a PNG), and the markdown table of the same.
+    One marker shape and colour per setting (its code spelled out in the legend), filled for the
+    first seed and hollow for the second; the baseline's final loss per seed is the target line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,28 +237,55 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
     points = {}
     for name, run in runs.items():
         last = max(run.validation)
-        totals = {s: x.received_total for s, x in run.exchange.items()}
-        points[name] = (run.validation[last], _at(totals, last), last)
+        totals = _totals(run, [last])
+        points[name] = (run.validation[last], totals.get(last), last)
     is_base = {n for n in points if n.split("_")[0] == baseline}
     base = {_seed(n): points[n] for n in is_base}
     lines = [f"| run | held-out loss @{max(p[2] for p in points.values())} | vs {baseline} (same seed) "
              f"| bytes received per rank | {baseline}'s bytes / it |", "|---|---:|---:|---:|---:|"]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    seeds = sorted({_seed(n) for n in points})
+    settings = sorted({describe(n) for n in points if n not in is_base},
+                      key=lambda d: min(points[n][1] or 0 for n in points if describe(n) == d))
+    # colour: the family (top-k, or the demo_diloco setting); marker: the variant within it
+    families = sorted({d.split(",")[0] for d in settings})
+    variants = sorted({d.partition(",")[2] for d in settings})
+    cmap = plt.get_cmap("tab10")
+    markers = "osD^vP*Xh<>p"
+    style = {d: (cmap(families.index(d.split(",")[0]) % 10), markers[variants.index(d.partition(",")[2]) % 12])
+             for d in settings}
+    drawn = set()
+    above = []
     for name, (loss, nbytes, _) in points.items():
         ref = base.get(_seed(name))
         rel = f"{100 * (loss / ref[0] - 1):+.1f}%" if ref else "-"
         ratio = f"{ref[1] / nbytes:,.0f}x" if ref and nbytes else "-"
         lines.append(f"| {name} | {loss:.4f} | {rel} | {nbytes:,.0f} | {ratio} |")
         if name in is_base:
-            ax.axhline(loss, ls="--", lw=0.8, color="gray")
+            ax.axhline(loss, ls="--", lw=1.2, color="black" if _seed(name) == seeds[0] else "dimgray",
+                       label=f"target: {baseline} final held-out loss, seed {_seed(name)} ({loss:.4f})")
         elif nbytes:
-            ax.scatter([nbytes], [loss], s=12)
-            ax.annotate(name, (nbytes, loss), fontsize=6, xytext=(3, 2), textcoords="offset points")
+            d = describe(name)
+            color, marker = style[d]
+            first = _seed(name) == seeds[0]
+            ax.scatter([nbytes], [loss], s=40, marker=marker, edgecolors=color, linewidths=1.3,
+                       facecolors=color if first else "none", label=None if d in drawn else d, zorder=3)
+            drawn.add(d)
+            above.append(loss)
+    targets = [points[n][0] for n in is_base]
+    if targets:
+        hi = max(targets) * 1.12
+        cut = sum(1 for x in above if x > hi)
+        ax.set_ylim(min(above + targets) - 0.02, hi)
+        if cut:
+            ax.text(0.01, 0.98, f"{cut} run(s) above the axis", transform=ax.transAxes, fontsize=7, va="top")
     ax.set_xscale("log")
-    ax.set_xlabel("bytes received per rank over the replica dimension, whole run")
+    ax.set_xlabel("bytes received per rank over the replica dimension, whole run (log)")
     ax.set_ylabel("last held-out loss")
-    ax.set_title(title or f"final held-out loss vs bytes ({baseline}, one line per seed: dashed)", fontsize=9)
+    ax.set_title((title or "final held-out loss vs bytes") +
+                 f"\nfilled: seed {seeds[0]}, hollow: seed {seeds[-1]}; dashed: {baseline} per seed", fontsize=9)
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "loss_vs_bytes_final.png"
@@ -230,6 +325,17 @@ def shaped_link_series(folder: Path) -> list[Series]:
     return out
 
 
+def ring_bytes(runs: list[RunLog]) -> float | None:
+    """The byte baseline over a whole run: a bf16 ring all-reduce every step, half of what an
+    AdamW-DDP run's modelled fp32 counter moves per step, times its last step."""
+    for run in runs:
+        if run.bytes_modelled and run.exchange:
+            first = min(run.exchange)
+            per_step = run.exchange[first].received_total / first
+            return per_step / 2 * max([*run.loss, *run.validation])
+    return None
+
+
 def _named_logs(specs: list[str]) -> list[RunLog]:
     """LOG or NAME=LOG (the run's name in the CSV; default the log's file name)."""
     out = []
@@ -252,6 +358,9 @@ def main() -> int:
     ap.add_argument("--baseline", default="adamw", help="with --frontier: the baseline runs' name")
     ap.add_argument("--out", default="outputs/plots")
     ap.add_argument("--title", default="")
+    ap.add_argument("--target-runs", default=None,
+                    help="with --csv or logs: the runs whose final held-out loss is the target line, comma-separated "
+                         "(default: those named adamw*); with --shaped the target is results.json's")
     args = ap.parse_args()
     if args.frontier:
         path, table = frontier(read_csv(Path(args.frontier)), Path(args.out), args.baseline, args.title)
@@ -266,18 +375,32 @@ def main() -> int:
         write_csv(Path(args.extract), _named_logs(args.logs))
         print(args.extract)
         return 0
+    targets: list[tuple[str, float]] = []
     if args.shaped:
         all_series = shaped_link_series(Path(args.shaped))
-    elif args.csv:
-        table = read_csv(Path(args.csv))
-        names = [n for n in args.runs.split(",") if n] or list(table)
+        res = json.loads((Path(args.shaped) / "results.json").read_text())
+        targets = [("AdamW-DDP's final held-out loss", res["target"])]
+        chosen: list[RunLog] = []
+    else:
+        if args.csv:
+            table = read_csv(Path(args.csv))
+            names = [n for n in args.runs.split(",") if n] or list(table)
+        else:
+            table = {r.name: r for r in _named_logs(args.logs)}
+            names = list(table)
         missing = [n for n in names if n not in table]
         if missing:
             ap.error(f"no run {missing} in {args.csv}; it has {list(table)}")
-        all_series = [series(table[n]) for n in names]
-    else:
-        all_series = [series(r) for r in _named_logs(args.logs)]
-    paths = plot(all_series, Path(args.out), args.title)
+        chosen = [table[n] for n in names]
+        all_series = [series(r) for r in chosen]
+        wanted = args.target_runs.split(",") if args.target_runs else [n for n in names if n.startswith("adamw")]
+        for n in wanted:
+            if n not in table:
+                ap.error(f"--target-runs: no run {n}")
+            if table[n].validation:
+                last = max(table[n].validation)
+                targets.append((f"{n} @{last}", table[n].validation[last]))
+    paths = plot(all_series, Path(args.out), args.title, targets, ring_bytes(chosen))
     print("\n".join(str(p) for p in paths))
     return 0
 

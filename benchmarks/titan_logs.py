@@ -39,6 +39,7 @@ class RunLog:
     tps: dict[int, float] = field(default_factory=dict)  # tokens/s per GPU, as torchtitan logs it
     memory_gib: dict[int, float] = field(default_factory=dict)
     step_time: dict[int, float] = field(default_factory=dict)  # seconds after step 1's line
+    t0: float | None = None  # the epoch time (local clock) of step_time's zero
     validation: dict[int, float] = field(default_factory=dict)
     validation_time: dict[int, float] = field(default_factory=dict)
     exchange: dict[int, Exchange] = field(default_factory=dict)
@@ -72,6 +73,7 @@ def parse(path: str | Path, name: str | None = None) -> RunLog:
             run.tokens_per_step = int(m[1]) * int(m[2])
     t0 = times.get(min(times)) if times else None
     if t0 is not None:
+        run.t0 = t0
         run.step_time = {s: t - t0 for s, t in times.items() if t is not None}
         run.validation_time = {s: t - t0 for s, t in vtimes.items() if t is not None}
     return run

@@ -314,3 +314,76 @@ def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
     assert lines["k8_s2"] == ["3.0000", "-25.0%", "2,000", "500x |"]
     assert lines["k8_1b_s2"] == ["2.0000", "-50.0%", "500", "2,000x |"]
     assert lines["adamw_s2"][1] == "+0.0%"
+
+
+def _elastic_log(path, steps, seconds, tps, participants=None, extra=()):
+    """Replica logs for elastic_outage.report: step s ends at sum(seconds(1..s)); 8,192 tokens a step."""
+    lines, t = [], 0.0
+    for s in steps:
+        t += seconds(s)
+        lines.append(_line(t, f"step: {s:4d}  loss:  5.0  grad_norm:  1.0  memory:  1.00GiB(1.00%)  "
+                              f"tps: {tps(s):,.0f}  tflops: 0.1  mfu: 0.01%"))
+        if participants:
+            n = participants(s)
+            lines.append(_line(t, f"flexdemo step: {s}  sent_bytes: 100  received_bytes: {100 * (n - 1)}  "
+                                  f"sent_bytes_total: {100 * s}  received_bytes_total: {100 * s}  optimizer_step_ms: 1.0"))
+    lines += [_line(t + 0.1, x) for x in extra]
+    path.write_text("\n".join(lines) + "\n")
+    return t
+
+
+def test_elastic_outage_puts_the_stall_at_the_kill_in_during(tmp_path):
+    """Replica 1 of 4 killed after it logged step 100; replica 0's step 102 waits 15.2 s for it (the
+    process group's timeout) and still counts 4 replicas; from 103 on, 3. The stall belongs to
+    "during" and is reported as step 102, 15.2 s: the old windowing (split at K = 103) put it in
+    "before" (a quarter of the uninterrupted speed there) and reported a 0.1 s step after K."""
+    import elastic_outage
+
+    work = tmp_path / "runs"
+    (work / "outage").mkdir(parents=True)
+    (work / "uninterrupted").mkdir()
+    N, H, R = 300, 200, 4
+    normal = 0.1  # s per step: 81,920 tokens/s
+
+    def sec(s):
+        return 15.2 if s == 102 else normal
+
+    def tps(s):
+        return 8192 / sec(s)
+
+    def parts(s):
+        return R if s < 103 or s >= H else R - 1
+
+    digest = [f"flexdemo: elastic step {s}: 4 replicas took part, params digest abc{s}" for s in (250, 300)]
+    end = _elastic_log(work / "outage" / "replica0.log", range(1, N + 1), sec, tps, parts, digest)
+    _elastic_log(work / "outage" / "replica1.log", range(1, 101), lambda s: normal, lambda s: 81920)
+    _elastic_log(work / "outage" / "replica1_restarted.log", [], lambda s: normal, lambda s: 81920,
+                 extra=[f"flexdemo: elastic replica healed from a live peer at step {H}", *digest])
+    for r in (2, 3):
+        _elastic_log(work / "outage" / f"replica{r}.log", [], lambda s: normal, tps, extra=digest)
+    for r in range(R):
+        _elastic_log(work / "uninterrupted" / f"replica{r}.log", range(1, N + 1), lambda s: normal,
+                     lambda s: 81920, lambda s: R, digest)
+    killed = (T0 + timedelta(seconds=100 * normal + 0.05)).timestamp()  # during step 101, on the same clock
+    args = argparse.Namespace(replicas=R, victim=1, min_replicas=3, steps=N, kill_at=100, restart_at=150,
+                              warmup=50, margin=10, common="", work=work, config=REPO / "x.toml",
+                              reference_config=REPO / "y.toml")
+    seen = {"outage": {"kind": "outage", "events": {"killed_unix": killed}, "exit_codes": {}},
+            "uninterrupted": {"kind": "uninterrupted", "events": {}, "exit_codes": {}}}
+    res, lines, ok = elastic_outage.report(args, seen)
+    assert ok, lines
+    assert res["first_step_without"] == 103 and res["first_step_back"] == H
+    w = res["windows"]
+    assert w["before"]["outage"]["tokens_per_s"] == pytest.approx(81920, rel=1e-3)  # old windowing: 20,986
+    assert w["before"]["outage"]["steps"] == [51, 100]
+    assert res["kill_split_step"] == 101
+    assert res["stall_at_kill"] == {"step": 102, "seconds": 15.2}
+    assert w["during"]["outage"]["steps"] == [101, H - 1]
+    n = H - 101  # steps 101..199: 98 at 0.1 s and the stall
+    assert w["during"]["outage"]["tokens_per_s"] == pytest.approx(8192 * n / (15.2 + (n - 1) * normal), rel=1e-3)
+    assert res["outage_wall_s"] == pytest.approx(15.2 + (H - 101) * normal, abs=0.1)
+    assert any("step 102: 15.20 s" in x for x in lines)
+    assert end > 0
+    # without the kill's time the victim's last logged step still splits: 101
+    seen["outage"]["events"] = {}
+    assert elastic_outage.report(args, seen)[0]["kill_split_step"] == 101
