@@ -59,9 +59,9 @@ def count_collectives():
     dist.all_to_all_single, dist.all_gather_into_tensor = all_to_all_single, all_gather_into_tensor
     if hasattr(dist, "all_gather_single"):
         dist.all_gather_single = all_gather_into_tensor
-    import flexdemo.compression.exchange as exchange
+    import flexdemo.replica_group as replica_group
 
-    exchange.all_gather_flat = all_gather_into_tensor
+    replica_group.all_gather_flat = all_gather_into_tensor
     return counted
 
 
@@ -135,7 +135,7 @@ def index_table(topks: list[int], encoding: str) -> list[dict]:
         row = {"topk": k}
         for coding in ("fixed", "elias_fano"):
             buckets, payload = build_plan(entries, [64], [k], encoding, coding)
-            kept = sum(b.num_blocks * b.k for b in buckets)
+            kept = sum(sum(b.per_block.per_block) if b.ragged else b.num_blocks * b.k for b in buckets)
             row[coding] = {"payload_bytes": payload + 1, "bits_per_kept": 8 * payload / kept,
                            "x_fewer_than_bf16_ring_w2": 2 * params / (payload + 1)}
         rows.append(row)

@@ -7,5 +7,9 @@ export OMP_NUM_THREADS=1
 PY="${PYTHON:-python3}"
 # The Triton kernels (GPU fast path) run on CPU in Triton's interpreter; the variable is
 # read at every launch, so they get a run of their own.
-TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_codec.py tests/test_fused_grouped.py tests/test_fused_optim.py tests/test_fused_overlap.py
-"$PY" -m pytest -q -p no:cacheprovider tests "$@"
+# Both runs always run; the script fails if either did.
+status=0
+TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_codec.py tests/test_fused_grouped.py \
+  tests/test_fused_optim.py tests/test_fused_overlap.py || status=1
+"$PY" -m pytest -q -p no:cacheprovider tests "$@" || status=1
+exit $status

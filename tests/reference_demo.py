@@ -9,8 +9,11 @@ like the published reference.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 
 def ref_chunk(dim: int, target: int) -> int:
@@ -28,6 +31,80 @@ def ref_dct_basis(n: int) -> torch.Tensor:
     out[:, 0] /= (4 * n) ** 0.5
     out[:, 1:] /= (2 * n) ** 0.5
     return out
+
+
+def reference_block_topks(shape, topk, chunk):
+    """Per block: count the tensor's elements in it on a zero-padded mask of ones; k = that share
+    of chunk * chunk times topk, rounded half up, at least 1, at most the block's coefficients."""
+    x = torch.ones(shape if len(shape) >= 2 else (1, max(1, *shape) if shape else 1))
+    x = x.reshape(-1, x.shape[-2], x.shape[-1])
+    n1, n2 = min(x.shape[1], chunk), min(x.shape[2], chunk)
+    x = F.pad(x, (0, -x.shape[2] % n2, 0, -x.shape[1] % n1))
+    blocks = x.reshape(x.shape[0], x.shape[1] // n1, n1, x.shape[2] // n2, n2).transpose(2, 3)
+    areas = blocks.sum(dim=(-1, -2)).reshape(-1).tolist()
+    return [min(max(math.floor(topk * a / chunk**2 + 0.5), 1), n1 * n2) for a in areas]
+
+
+def reference_payload_nbytes(shapes, topk, chunk, encoding):
+    """The wire format written out independently, for tensors of ``shapes`` in one param group:
+    tensors whose blocks share a shape and k form one stream (a tensor whose blocks keep
+    different k, its own kind of bucket with one sub-stream per k, each byte-aligned) of
+    ceil(count * index bits / 8) index bytes, then the values (1-bit ones: then a bits_for(k + 1)
+    voter count per block); one flag byte ends the payload."""
+    uniform, ragged = {}, {}
+    for shape in shapes:
+        if math.prod(shape) == 0:
+            continue
+        dims = (1, shape[0]) if len(shape) == 1 else (1, 1) if not shape else (math.prod(shape[:-1]), shape[-1])
+        n1 = ref_chunk(shape[-2], chunk) if len(shape) > 1 else 1
+        n2 = ref_chunk(dims[-1], chunk)
+        ks = reference_block_topks(tuple(shape), topk, chunk)
+        if len(set(ks)) == 1:
+            uniform[(n1, n2, ks[0])] = uniform.get((n1, n2, ks[0]), 0) + len(ks)
+        else:
+            ragged.setdefault((n1, n2, max(ks)), []).extend(ks)
+    streams = [(n1 * n2, k, b) for (n1, n2, k), b in uniform.items()]
+    for (n1, n2, _), ks in ragged.items():
+        streams += [(n1 * n2, k, ks.count(k)) for k in sorted(set(ks), reverse=True)]
+    total = 0
+    for numel, k, b in streams:
+        count = b * k
+        idx_bits = math.ceil(math.log2(numel)) if numel > 1 else 0
+        votes = math.ceil(count / 8) + math.ceil(b * math.ceil(math.log2(k + 1)) / 8)  # 0..k voters per block
+        value_bytes = {"fp32": 4 * count, "bf16": 2 * count, "sign": votes, "scaled_sign": votes + 4 * b}[encoding]
+        total += math.ceil(count * idx_bits / 8) + value_bytes
+    return total + 1
+
+
+def sharded_block_topks(ks, sharded_topk, topk, numel):
+    """The owners' means kept per block: the block's top-k times sharded_topk / topk, rounded half
+    up, at least 1 (0: the block's top-k)."""
+    if not sharded_topk:
+        return ks
+    return [min(max(math.floor(k * sharded_topk / topk + 0.5), 1), numel) for k in ks]
+
+
+def ragged_topk(coeffs, ks):
+    """Per block row its own ``ks[row]`` largest |coefficients|, as ``[rows, max k]`` indices and
+    values, a row's unused slots index 0 with value 0 (no vote)."""
+    kmax, flat = max(ks), coeffs.reshape(-1, coeffs.shape[-1])  # blocks in order, whatever the leading dims
+    idx = torch.zeros(flat.shape[0], kmax, dtype=torch.long)
+    val = torch.zeros(flat.shape[0], kmax, dtype=coeffs.dtype)
+    for row, k in enumerate(ks):
+        top = torch.topk(flat[row].abs(), k).indices
+        idx[row, :k], val[row, :k] = top, flat[row, top]
+    return idx.reshape(*coeffs.shape[:-1], kmax), val.reshape(*coeffs.shape[:-1], kmax)
+
+
+def scatter_rows(shape_like, idx, val):
+    """Dense coefficients with each row's non-zero kept values at their indices (a loop)."""
+    out = torch.zeros_like(shape_like).reshape(-1, shape_like.shape[-1])
+    idx, val = idx.reshape(out.shape[0], -1), val.reshape(out.shape[0], -1)
+    for row in range(idx.shape[0]):
+        for i, v in zip(idx[row].tolist(), val[row].tolist()):
+            if v != 0:
+                out[row, i] = v
+    return out.reshape(shape_like.shape)
 
 
 class ReferenceDeMo:
@@ -79,9 +156,8 @@ class ReferenceDeMo:
             delta.mul_(self.decay).add_(p.grad, alpha=self.lr)
             ns, fwd, inv = self._bases(p)
             coeffs = self._encode(delta, ns, fwd)
-            k = min(max(self.topk, 1), coeffs.shape[-1])
-            idx = torch.topk(coeffs.abs(), k, dim=-1).indices
-            val = torch.gather(coeffs, -1, idx)
+            ks = reference_block_topks(tuple(p.shape), self.topk, self.chunk)
+            idx, val = ragged_topk(coeffs, ks)
             if self.encoding == "bf16":
                 val = val.to(torch.bfloat16).to(p.dtype)
             elif self.encoding == "two_bit":
@@ -89,7 +165,7 @@ class ReferenceDeMo:
             elif self.encoding == "scaled_sign":  # every kept value becomes +-(mean |kept non-zero|) of its block
                 voters = (val != 0).sum(-1, keepdim=True).clamp_min(1)
                 val = torch.sign(val) * val.abs().sum(-1, keepdim=True) / voters
-            own = torch.zeros_like(coeffs).scatter(-1, idx, val)
+            own = scatter_rows(coeffs, idx, val)
             delta.sub_(self._decode(own, p.shape, ns, inv))
             if self.encoding == "sign":
                 val = torch.sign(val)
@@ -101,8 +177,8 @@ class ReferenceDeMo:
             dist.all_gather(all_val, val, group=self.group)
             dense = mean_of_votes(torch.cat(all_idx, -1), torch.cat(all_val, -1), coeffs.shape[-1]).reshape(coeffs.shape)
             if self.sharded_topk is not None:
-                dense = recompress_mean(torch.cat(all_idx, -1), torch.cat(all_val, -1), dense, self.sharded_topk,
-                                        self.encoding)
+                k2 = sharded_block_topks(ks, self.sharded_topk, self.topk, coeffs.shape[-1])
+                dense = recompress_mean(torch.cat(all_idx, -1), torch.cat(all_val, -1), dense, k2, self.encoding)
                 # What the owners did not apply goes back to the momentum it was taken from.
                 delta.add_(self._decode(torch.where(dense != 0, 0.0, own), p.shape, ns, inv))
             decoded = self._decode(dense, p.shape, ns, inv)
@@ -146,7 +222,8 @@ def mean_of_votes(idx, val, n):
 
 
 def recompress_mean(idx, val, dense, k2, encoding):
-    """The sharded exchange's owners, per block row: keep the ``k2`` coefficients of ``dense``
+    """The sharded exchange's owners, per block row: keep the ``k2`` (one per row, or one for all)
+    coefficients of ``dense``
     (the voters' mean) with the largest |sum of the values voting for them| (ties: the lower
     index), their means sent exactly (fp32) or rounded to bf16 (every other encoding); the rest
     zero."""
@@ -157,7 +234,8 @@ def recompress_mean(idx, val, dense, k2, encoding):
         sums = [0.0] * flat.shape[1]
         for i, v in zip(idx[row].tolist(), val[row].tolist()):
             sums[i] += v
-        kept = sorted(range(flat.shape[1]), key=lambda i: (-abs(sums[i]), i))[: min(k2, flat.shape[1])]
+        k_row = k2[row] if isinstance(k2, (list, tuple)) else k2
+        kept = sorted(range(flat.shape[1]), key=lambda i: (-abs(sums[i]), i))[: min(k_row, flat.shape[1])]
         means = flat[row, kept]
         if encoding != "fp32":
             means = means.to(torch.bfloat16).to(flat.dtype)

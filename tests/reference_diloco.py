@@ -2,8 +2,8 @@
 
 Full (unsharded) tensors, one at a time; the dense mean by an explicit all_gather of every
 replica's whole pseudo-gradient, summed in rank order; the top-k variant with the FFT-built
-DCT bases of reference_demo (einsum transforms, int64 indices, two all_gathers per tensor,
-``scatter_reduce(mean)``); the outer optimizer is ``torch.optim.SGD`` itself.
+DCT bases of reference_demo (einsum transforms, int64 indices, two all_gathers per tensor, each
+block's own top-k, the mean over the values sent as scatter_add sums over counts); the outer optimizer is ``torch.optim.SGD`` itself.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from reference_demo import ReferenceDeMo, recompress_mean, reference_two_levels
+from reference_demo import (ReferenceDeMo, ragged_topk, recompress_mean, reference_block_topks, reference_two_levels,
+                            scatter_rows, sharded_block_topks)
 
 
 class ReferenceDiLoCo:
@@ -47,22 +48,25 @@ class ReferenceDiLoCo:
         ef.mul_(self.decay).add_(pg)
         ns, fwd, inv = self.dct._bases(p)
         coeffs = self.dct._encode(ef, ns, fwd)
-        k = min(max(self.topk, 1), coeffs.shape[-1])
-        idx = torch.topk(coeffs.abs(), k, dim=-1).indices
-        val = torch.gather(coeffs, -1, idx)
+        ks = reference_block_topks(tuple(p.shape), self.topk, self.dct.chunk)  # a row's unused slots: value 0
+        idx, val = ragged_topk(coeffs, ks)
         if self.encoding == "bf16":
             val = val.to(torch.bfloat16).to(p.dtype)
         elif self.encoding == "two_bit":
             val = reference_two_levels(val)
         elif self.encoding == "scaled_sign":
-            magnitude = val.abs().sum(-1, keepdim=True) / k
-            val = torch.where(val < 0, -magnitude, magnitude)
-        own = torch.zeros_like(coeffs).scatter(-1, idx, val)
+            magnitude = val.abs().sum(-1, keepdim=True) / torch.tensor(ks, dtype=val.dtype).unsqueeze(-1)
+            val = torch.where(val < 0, -magnitude, torch.where(val > 0, magnitude, 0.0))
+        own = scatter_rows(coeffs, idx, val)
         ef.sub_(self.dct._decode(own, p.shape, ns, inv))
         all_idx, all_val = torch.cat(self._gather(idx), -1), torch.cat(self._gather(val), -1)
-        dense = torch.zeros_like(coeffs).scatter_reduce(-1, all_idx, all_val, reduce="mean", include_self=False)
+        # the mean over the values sent for each coefficient (a zero value is no vote)
+        total = torch.zeros_like(coeffs).scatter_add(-1, all_idx, all_val)
+        count = torch.zeros_like(coeffs).scatter_add(-1, all_idx, (all_val != 0).to(coeffs.dtype))
+        dense = total / count.clamp_min(1)
         if self.sharded_topk is not None:
-            dense = recompress_mean(all_idx, all_val, dense, self.sharded_topk, self.encoding)
+            k2 = sharded_block_topks(ks, self.sharded_topk, self.topk, coeffs.shape[-1])
+            dense = recompress_mean(all_idx, all_val, dense, k2, self.encoding)
             ef.add_(self.dct._decode(torch.where(dense != 0, 0.0, own), p.shape, ns, inv))  # what was not applied
         return self.dct._decode(dense, p.shape, ns, inv)
 

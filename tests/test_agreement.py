@@ -71,8 +71,9 @@ CASES = {
     "decode_path": (_fused_on_rank1, "decode path", "torch", "fused (Triton kernels)"),
     "kernel_precision": (lambda r: _demo(r, kernel_precision="ieee"), "kernel precision", "tf32x3", "ieee"),
     "value_encoding": (lambda r: _demo(r, value_encoding="fp32"), "value encoding", "sign", "fp32"),
-    "topk_of_one_parameter": (lambda r: _demo(r, topk1=4), "parameter 1",
-                              "local shape (32, 8) float32 in group 1: 1 block of 32x8, top-8",
+    # a 32 x 8 block is 1/16 of 64 x 64: top-8 keeps round(8/16) = 1 there, top-64 keeps 4
+    "topk_of_one_parameter": (lambda r: _demo(r, topk1=64), "parameter 1",
+                              "local shape (32, 8) float32 in group 1: 1 block of 32x8, top-1",
                               "local shape (32, 8) float32 in group 1: 1 block of 32x8, top-4"),
     "format_version": (_format_on_rank1, "payload format version", None, None),
     "demo_lr": (lambda r: _demo(r, lr=0.2), "param group 0", "lr 0.1, decay 0.999, weight decay 0.0",

@@ -8,7 +8,7 @@ from flexdemo.compression.codec import (
 )
 from flexdemo.wire.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
 from flexdemo.wire.dct import block_layout, blocks_dct, blocks_idct
-from flexdemo.wire.format import payload_nbytes, value_nbytes
+from flexdemo.wire.format import coefficients_nbytes, payload_nbytes, value_nbytes
 
 
 def test_bits_for():
@@ -52,7 +52,7 @@ def test_payload_round_trip_and_size(encoding, shape, topk):
         "fp32": 4 * count, "bf16": 2 * count, "sign": math.ceil(count / 8) + counts,
         "scaled_sign": math.ceil(count / 8) + counts + 4 * layout.num_blocks,
         "two_bit": 2 * math.ceil(count / 8) + counts + 8 * layout.num_blocks}[encoding]
-    assert payload.numel() == payload_nbytes(layout, topk, encoding) == expected
+    assert payload.numel() == coefficients_nbytes(layout.num_blocks, k, layout.block_numel, encoding) == expected
     got_idx, got_vals = unpack_payload(payload.unsqueeze(0), layout.num_blocks, k, layout.block_numel, encoding,
                                        torch.float32)
     assert torch.equal(got_idx[0], idx)

@@ -58,7 +58,7 @@ def test_compressed_values_match_reference_with_weight_decay(encoding):
 
 
 def _bytes_report(rank, world, encoding):
-    from flexdemo.compression import exchange
+    from flexdemo import replica_group as exchange
 
     # What really goes into the collective: the buffers handed to the all_gather.
     handed = []
@@ -82,28 +82,10 @@ def _bytes_report(rank, world, encoding):
 
 
 def _payload_from_shapes(k, encoding):
-    """The wire format written out independently: per block shape one stream of 12-bit (or
-    whatever fits the block) indices, then the values; one flag byte at the end."""
-    import math
+    """The wire format written out independently (reference_demo.reference_payload_nbytes)."""
+    from reference_demo import reference_payload_nbytes
 
-    from reference_demo import ref_chunk
-
-    blocks = {}
-    for shape in SHAPES:
-        dims = (1, shape[0]) if len(shape) == 1 else shape
-        n1, n2 = ref_chunk(dims[0], 64) if len(shape) > 1 else 1, ref_chunk(dims[-1], 64)
-        kk = min(k, n1 * n2)
-        # a partial last block along a dim counts as a whole block
-        blocks[(n1, n2, kk)] = blocks.get((n1, n2, kk), 0) + math.ceil(dims[0] / n1) * math.ceil(dims[-1] / n2)
-    total = 0
-    for (n1, n2, kk), b in blocks.items():
-        count = b * kk
-        idx_bits = math.ceil(math.log2(n1 * n2)) if n1 * n2 > 1 else 0
-        voter_count_bytes = math.ceil(b * math.ceil(math.log2(kk + 1)) / 8)  # 0..kk voters per block
-        value_bytes = {"fp32": 4 * count, "bf16": 2 * count, "sign": math.ceil(count / 8) + voter_count_bytes,
-                       "scaled_sign": math.ceil(count / 8) + voter_count_bytes + 4 * b}[encoding]
-        total += math.ceil(count * idx_bits / 8) + value_bytes
-    return total + 1
+    return reference_payload_nbytes(SHAPES, k, 64, encoding)
 
 
 @pytest.mark.parametrize("encoding", ["sign", "scaled_sign", "fp32"])

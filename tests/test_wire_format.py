@@ -23,15 +23,21 @@ non-voters at position 15: [3, 10] and [5, 15], values in that order (as above).
 - high parts in unary: bit (p >> 3) + i of a k + (15 >> 3) + 1 = 4-bit vector per block:
   block 0: 0 + 0, 1 + 1 -> 1010; block 1: 0 + 0, 1 + 1 -> 1010; -> 0x55.
 - then the values exactly as in the fixed layout.
-These are format version 4 (version 3: the sharded exchange's owners send the means of 1-bit
-values as bf16; 4: Elias-Fano indices and two_bit values); a change to any of these bytes must bump WIRE_FORMAT_VERSION.
+Blocks of different k (format 5: top-k scaled to each block's share of chunk x chunk), the two
+blocks above keeping k = 2 and k = 1 (block 1's second slot is then no vote), sign values: one
+sub-stream per k, the larger k first, each byte-aligned as above:
+- k = 2, block 0: indices 0xA3; signs 1, 0 -> 0x01; voter count 2 in bits_for(3) = 2 bits -> 0x02;
+- k = 1, block 1: index 5 -> 0x05; sign 0 -> 0x00; voter count 1 in bits_for(2) = 1 bit -> 0x01.
+These are format version 5 (3: the sharded exchange's owners send the means of 1-bit values as
+bf16; 4: Elias-Fano indices and two_bit values; 5: per-block top-k); a change to any of these
+bytes must bump WIRE_FORMAT_VERSION.
 """
 
 import pytest
 import torch
 
-from flexdemo.compression.codec import pack_payload, scaled_signs, unpack_payload
-from flexdemo.wire.format import WIRE_FORMAT_VERSION, means_encoding
+from flexdemo.compression.codec import pack_blocks, pack_payload, scaled_signs, unpack_blocks, unpack_payload
+from flexdemo.wire.format import WIRE_FORMAT_VERSION, BlockTopks, means_encoding
 
 IDX = torch.tensor([[3, 10], [5, 0]])
 VALS = torch.tensor([[-1.5, 2.0], [0.75, 0.0]])
@@ -59,8 +65,8 @@ def sent(encoding):
     return scaled_signs(VALS) if encoding == "scaled_sign" else VALS
 
 
-def test_these_vectors_are_format_version_4():
-    assert WIRE_FORMAT_VERSION == 4
+def test_these_vectors_are_format_version_5():
+    assert WIRE_FORMAT_VERSION == 5
     # the owners' means (sharded exchange) are the bf16 vectors below for 1-bit values
     assert [means_encoding(e) for e in GOLDEN] == ["bf16", "bf16", "fp32", "bf16", "bf16"]
 
@@ -97,3 +103,12 @@ def test_elias_fano_indices_give_the_golden_bytes_and_decode_to_the_votes(encodi
     payload = torch.tensor(golden, dtype=torch.uint8).unsqueeze(0)
     idx, decoded = unpack_payload(payload, 2, 2, 16, encoding, torch.float32, "elias_fano")
     assert idx[0].tolist() == DECODED_IDX and decoded[0].tolist() == DECODED_VALS[encoding]
+
+
+def test_blocks_of_different_k_give_the_golden_sub_streams():
+    per_block = BlockTopks((2, 1))
+    golden = [0xA3, 0x01, 0x02, 0x05, 0x00, 0x01]
+    assert pack_blocks(IDX, VALS, per_block, 16, "sign").tolist() == golden
+    idx, vals = unpack_blocks(torch.tensor(golden, dtype=torch.uint8).unsqueeze(0), 2, 2, per_block, 16, "sign",
+                              torch.float32)
+    assert idx[0].tolist() == [[3, 10], [5, -1]] and vals[0].tolist() == [[-1.0, 1.0], [1.0, 0.0]]

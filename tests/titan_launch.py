@@ -1,6 +1,5 @@
 """Helpers for the torchtitan end-to-end tests: run scripts/launch.sh, parse its logs."""
 
-import json
 import os
 import re
 import subprocess
@@ -151,25 +150,11 @@ def debugmodel_local_shapes(shard: int, shards: int = 2) -> list[tuple[int, ...]
 
 def expected_payload_bytes(shard: int, encoding: str = "sign", shards: int = 2, chunk: int = 64,
                            topk: int = 32) -> int:
-    """The payload formula for this rank's FSDP shard of the debug model: tensors that share a
-    block shape form one bucket of ceil(blocks*k*bits/8) index bytes + the value bytes (1-bit
-    values: then a bits_for(k + 1)-bit voter count per block); one flag byte ends the payload."""
-    from flexdemo.wire.bitpack import bits_for
-    from flexdemo.wire.dct import block_layout
+    """The payload of this rank's FSDP shard of the debug model, from the wire format written out
+    independently (reference_demo.reference_payload_nbytes)."""
+    from reference_demo import reference_payload_nbytes
 
-    blocks_per_bucket = {}
-    for shape in debugmodel_local_shapes(shard, shards):
-        layout = block_layout(shape, chunk)
-        if layout.num_blocks:
-            key = (layout.n1, layout.n2, min(topk, layout.block_numel))
-            blocks_per_bucket[key] = blocks_per_bucket.get(key, 0) + layout.num_blocks
-    total = 0
-    for (n1, n2, k), blocks in blocks_per_bucket.items():
-        count = blocks * k
-        votes = -(-count // 8) + -(-blocks * bits_for(k + 1) // 8)  # sign bits, then each block's voter count
-        value_bytes = {"sign": votes, "scaled_sign": votes + 4 * blocks, "fp32": 4 * count, "bf16": 2 * count}
-        total += -(-count * bits_for(n1 * n2) // 8) + value_bytes[encoding]
-    return total + 1
+    return reference_payload_nbytes(list(debugmodel_local_shapes(shard, shards)), topk, chunk, encoding)
 
 
 def load_dcp(path: Path) -> dict:

@@ -24,7 +24,8 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from flexdemo.compression.exchange import all_gather_flat, distributed, group_size
+from flexdemo.compression.exchange import distributed
+from flexdemo.replica_group import replica_group
 from flexdemo.wire import format as wire_format
 
 ABSENT = "nothing (the setting is missing there)"
@@ -63,17 +64,17 @@ def check_settings_agree(who: str, settings: dict[str, object], group, device: t
     ``world_group`` must call it, once, at start (it runs collectives)."""
     if not distributed():
         return
+    group = replica_group(group)
     items = [("optimizer", who)] + [(k, str(v)) for k, v in settings.items()]
     mine = torch.tensor([len(items), _digest(items)], dtype=torch.int64, device=device)
-    world = group_size(group)
-    gathered = torch.empty(world * 2, dtype=torch.int64, device=device)
-    all_gather_flat(gathered, mine, group=group)
-    rows = gathered.view(world, 2).tolist()
+    world = group.size()
+    gathered = torch.empty(world, 2, dtype=torch.int64, device=device)
+    group.all_gather(gathered, mine, what="the settings check")
+    rows = gathered.tolist()
     message = None
     if any(row != rows[0] for row in rows):
-        everyone: list = [None] * world
-        dist.all_gather_object(everyone, items, group=group)
-        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        everyone = group.gather_objects(items)
+        ranks = group.global_ranks()
         for r in range(1, world):
             diff = first_difference(everyone[0], everyone[r])
             if diff is not None:
@@ -114,7 +115,7 @@ def compressor_settings(buckets, entries, encoding: str, kernel_precision: str,
     ``[(param, local shape, dtype), ...]`` per param group, as the plan was built from.
     Each parameter is described by its layout as the plan reports it (blocks, their edges, k),
     not by re-deriving the block rule."""
-    planned = {id(m.param): (m.layout, b.k) for b in buckets for m in b.members}
+    planned = {id(m.param): (m.layout, b.k, m.per_block) for b in buckets for m in b.members}
     settings = {
         "payload format version": str(wire_format.WIRE_FORMAT_VERSION),  # read now: tests patch it
         "value encoding": encoding,
@@ -126,9 +127,11 @@ def compressor_settings(buckets, entries, encoding: str, kernel_precision: str,
             group = f" in group {g}" if len(entries) > 1 else ""
             where = f"local shape {tuple(shape)} {str(dtype).removeprefix('torch.')}{group}"
             if id(param) in planned:
-                layout, k = planned[id(param)]
+                layout, k, per_block = planned[id(param)]
                 plural = "s" if layout.num_blocks != 1 else ""
                 where += f": {layout.num_blocks} block{plural} of {layout.n1}x{layout.n2}, top-{k}"
+                if per_block is not None:
+                    where += f" (partial blocks top-{'/'.join(map(str, sorted(set(per_block) - {k})))})"
             else:
                 where += ": sends nothing"
             settings[f"parameter {index}"] = where

@@ -18,13 +18,25 @@ import torch
 from flexdemo.wire.bitpack import bits_for, pack_uint, packed_nbytes, unpack_uint
 from flexdemo.wire.dct import BlockLayout, blocks_dct, blocks_idct
 from flexdemo.wire.elias_fano import pack_positions, unpack_positions
-from flexdemo.wire.format import COUNTED_ENCODINGS, check_index_coding, count_bits, index_nbytes, voter_counts
+from flexdemo.wire.format import (
+    COUNTED_ENCODINGS,
+    BlockTopks,
+    check_index_coding,
+    coefficients_nbytes,
+    count_bits,
+    index_nbytes,
+    voter_counts,
+)
 
 
-def select_topk(coeffs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per block (row) the ``k`` coefficients of largest magnitude: ``(indices, values)``."""
-    idx = torch.topk(coeffs.abs(), k, dim=-1, largest=True, sorted=False).indices
-    return idx, torch.gather(coeffs, -1, idx)
+def select_topk(coeffs: torch.Tensor, k: int, row_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block (row) the ``k`` coefficients of largest magnitude: ``(indices, values)``.
+    ``row_k``: each row's own top-k (<= k); its slots beyond that hold value 0 (no vote)."""
+    idx = torch.topk(coeffs.abs(), k, dim=-1, largest=True, sorted=row_k is not None).indices
+    vals = torch.gather(coeffs, -1, idx)
+    if row_k is not None:  # sorted by magnitude: the first row_k slots are the row's top-k
+        vals = torch.where(torch.arange(k, device=vals.device) < row_k.unsqueeze(-1), vals, 0.0).to(vals.dtype)
+    return idx, vals
 
 
 def voters_first(idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,11 +90,13 @@ def sent_values(vals: torch.Tensor, encoding: str) -> torch.Tensor:
     return vals
 
 
-def compress(acc: torch.Tensor, layout: BlockLayout, k: int, encoding: str) -> tuple[torch.Tensor, torch.Tensor]:
+def compress(acc: torch.Tensor, layout: BlockLayout, k: int, encoding: str,
+             row_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of ``acc``'s chunked DCT per block as ``(indices, values)`` (``scaled_sign``: the
-    values replaced by +-scale); what is sent leaves ``acc`` in place (error feedback)."""
+    values replaced by +-scale); what is sent leaves ``acc`` in place (error feedback).
+    ``row_k``: each block's own top-k where they differ (:func:`select_topk`)."""
     coeffs = blocks_dct(acc, layout)
-    idx, vals = select_topk(coeffs, k)
+    idx, vals = select_topk(coeffs, k, row_k)
     if encoding == "scaled_sign":
         vals = scaled_signs(vals)
     elif encoding == "two_bit":
@@ -166,6 +180,38 @@ def unpack_payload(
         vals = torch.where(votes, vals, 0.0).to(dtype)
     vals = vals.reshape(W, num_blocks, k)
     return torch.where(vals != 0, idx, -1), vals
+
+
+def pack_blocks(idx: torch.Tensor, vals: torch.Tensor, per_block: BlockTopks | None, block_numel: int,
+                encoding: str, index_coding: str = "fixed") -> torch.Tensor:
+    """:func:`pack_payload`, or for blocks keeping different k (``per_block``) its sub-streams: each
+    row voters first, then per distinct k the rows of that k, their first k slots (a row has at
+    most its own k voters, so the slots left out cast no vote)."""
+    if per_block is None:
+        return pack_payload(idx, vals, block_numel, encoding, index_coding)
+    idx, vals = voters_first(idx, vals.reshape(idx.shape))
+    return torch.cat([pack_payload(idx[rows, :k], vals[rows, :k], block_numel, encoding, index_coding)
+                      for k, rows in per_block.on(idx.device)])
+
+
+def unpack_blocks(payload: torch.Tensor, num_blocks: int, k: int, per_block: BlockTopks | None, block_numel: int,
+                  encoding: str, dtype: torch.dtype, index_coding: str = "fixed") -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`pack_blocks`: ``[W, B, k]`` indices and values, a row's slots beyond its
+    own k as non-voters (index -1, value 0)."""
+    if per_block is None:
+        return unpack_payload(payload, num_blocks, k, block_numel, encoding, dtype, index_coding)
+    W = payload.shape[0]
+    idx = torch.full((W, num_blocks, k), -1, dtype=torch.long, device=payload.device)
+    vals = torch.zeros(W, num_blocks, k, dtype=dtype, device=payload.device)
+    at = 0
+    for kk, rows in per_block.on(payload.device):
+        n = coefficients_nbytes(len(rows), kk, block_numel, encoding, index_coding)
+        part_idx, part_vals = unpack_payload(payload[:, at:at + n], len(rows), kk, block_numel, encoding, dtype,
+                                             index_coding)
+        idx[:, rows, :kk] = part_idx
+        vals[:, rows, :kk] = part_vals
+        at += n
+    return idx, vals
 
 
 def vote_totals(idx: torch.Tensor, vals: torch.Tensor, block_numel: int) -> tuple[torch.Tensor, torch.Tensor]:

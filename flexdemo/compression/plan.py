@@ -1,7 +1,8 @@
 """How one exchange's payload is laid out: tensors bucketed by block geometry.
 
 Tensors of one param group that share the block shape ``n1 x n2``, ``k`` and dtype form a
-bucket; a bucket's kept coefficients (its tensors' blocks in order) travel as ONE bit
+bucket (tensors whose blocks keep different k, a shard ending in partial blocks, form buckets
+of their own, which carry each block's k: :class:`flexdemo.wire.format.BlockTopks`); a bucket's kept coefficients (its tensors' blocks in order) travel as ONE bit
 stream ``[indices | values]``, byte-aligned per bucket. Buckets let the GPU path encode,
 pack, unpack and decode many tensors per kernel launch, and keep the wire format the
 same whichever path (torch or fused) a rank uses.
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flexdemo.wire.dct import BlockLayout, block_layout
-from flexdemo.wire.format import clamp_topk, coefficients_nbytes
+from flexdemo.wire.format import BlockTopks, block_topks, blocks_nbytes
 
 
 @dataclass
@@ -22,6 +23,17 @@ class Member:
     param: torch.Tensor
     layout: BlockLayout
     first_block: int  # row of this tensor's first block within the bucket
+    per_block: tuple[int, ...] | None = None  # each block's top-k where they differ, else None
+    _row_k: dict = field(default_factory=dict, repr=False)
+
+    def row_k(self, device: torch.device) -> torch.Tensor | None:
+        """Each block's top-k on ``device`` (made once), or None when every block keeps the bucket's k."""
+        if self.per_block is None:
+            return None
+        device = torch.device(device)
+        if device not in self._row_k:
+            self._row_k[device] = torch.tensor(self.per_block, dtype=torch.long, device=device)
+        return self._row_k[device]
 
 
 @dataclass
@@ -36,6 +48,13 @@ class Bucket:
     byte_offset: int = 0  # where this bucket starts in the step's payload
     path: object = None  # set by the compressor: compression.paths' TorchPath or FusedPath
     index_coding: str = "fixed"  # how its indices travel (flexdemo.wire.format)
+    per_block: BlockTopks | None = None  # ragged buckets: every block's own top-k (k is the largest)
+    topk: int = 0  # the configured top-k per full chunk x chunk block, which k is scaled from
+
+    @property
+    def ragged(self) -> bool:
+        """Whether its blocks keep different k (partial edge blocks): the torch path's sub-streams."""
+        return self.per_block is not None
 
     @property
     def fused(self) -> bool:
@@ -48,7 +67,7 @@ class Bucket:
 
     def nbytes(self, encoding: str) -> int:
         """Index bytes + value bytes: the payload formula for one bucket."""
-        return coefficients_nbytes(self.num_blocks, self.k, self.block_numel, encoding, self.index_coding)
+        return blocks_nbytes(self.num_blocks, self.k, self.per_block, self.block_numel, encoding, self.index_coding)
 
 
 def build_plan(
@@ -58,7 +77,8 @@ def build_plan(
     encoding: str,
     index_coding: str = "fixed",
 ) -> tuple[list[Bucket], int]:
-    """Buckets for ``local_shapes[g] = [(param, local shape, dtype), ...]`` per param group.
+    """Buckets for ``local_shapes[g] = [(param, local shape, dtype), ...]`` per param group, each
+    group cut into ``chunks[g]`` blocks keeping ``topks[g]`` per full chunk x chunk block.
 
     Tensors with no elements (empty FSDP shards) send nothing and are left out.
     Returns the buckets in payload order and the total payload bytes.
@@ -69,16 +89,19 @@ def build_plan(
             layout = block_layout(shape, chunks[g])
             if layout.num_blocks == 0:
                 continue
-            k = clamp_topk(topks[g], layout.block_numel)
-            key = (g, layout.n1, layout.n2, k, dtype)
+            k, per_block = block_topks(layout, topks[g])
+            key = (g, layout.n1, layout.n2, k, dtype, per_block is not None)
             bucket = buckets.get(key)
             if bucket is None:
-                bucket = buckets[key] = Bucket(g, layout.n1, layout.n2, k, dtype, index_coding=index_coding)
-            bucket.members.append(Member(param, layout, bucket.num_blocks))
+                bucket = buckets[key] = Bucket(g, layout.n1, layout.n2, k, dtype, index_coding=index_coding,
+                                               topk=int(topks[g]))
+            bucket.members.append(Member(param, layout, bucket.num_blocks, per_block))
             bucket.num_blocks += layout.num_blocks
     offset = 0
     ordered = list(buckets.values())
     for bucket in ordered:
+        if bucket.members[0].per_block is not None:
+            bucket.per_block = BlockTopks(tuple(k for m in bucket.members for k in m.per_block))
         bucket.byte_offset = offset
         offset += bucket.nbytes(encoding)
     return ordered, offset
@@ -88,7 +111,7 @@ def describe_blocks(buckets: list[Bucket], encoding: str) -> str:
     """One line for the start-up log: per block shape and top-k, how many tensors and blocks
     (and how many tensors end in partial, zero-padded blocks), and the payload's bytes."""
     shapes: dict[tuple[int, int, int], list[int]] = {}
-    for b in buckets:
+    for b in buckets:  # a ragged bucket is named by its largest k
         tensors, blocks, partial = shapes.setdefault((b.n1, b.n2, b.k), [0, 0, 0])
         shapes[(b.n1, b.n2, b.k)] = [tensors + len(b.members), blocks + b.num_blocks,
                                      partial + sum(m.layout.padded for m in b.members)]

@@ -30,28 +30,53 @@ from __future__ import annotations
 
 import torch
 
-from flexdemo.compression.codec import pack_payload, unpack_payload, vote_totals
-from flexdemo.compression.exchange import Traffic, all_to_all_split
+from flexdemo.compression.codec import pack_blocks, unpack_blocks, vote_totals
+from flexdemo.compression.exchange import Traffic
 from flexdemo.compression.plan import Bucket
-from flexdemo.wire.format import FLAG_BYTES, clamp_topk, coefficients_nbytes, means_encoding
+from flexdemo.wire.format import FLAG_BYTES, BlockTopks, blocks_nbytes, clamp_topk, means_encoding
+
+
+def sharded_topks(bucket: Bucket, sharded_topk: int) -> tuple[int, BlockTopks | None]:
+    """The means an owner keeps per block: each block's own top-k times ``sharded_topk / topk``
+    (rounded half up, at least 1; 0: the block's top-k), so that ``sharded_topk >= W x topk``
+    keeps whatever any of W replicas sent, small and partial blocks too."""
+    if not sharded_topk or sharded_topk == bucket.topk:
+        return bucket.k, bucket.per_block
+    ks = bucket.per_block.per_block if bucket.per_block is not None else (bucket.k,)
+    scaled = tuple(clamp_topk((2 * k * sharded_topk + bucket.topk) // (2 * bucket.topk), bucket.block_numel)
+                   for k in ks)
+    k2 = max(scaled)
+    return k2, (BlockTopks(scaled) if bucket.per_block is not None and min(scaled) != k2 else None)
+
+
+def _part(per_block: BlockTopks | None, start: int, stop: int) -> BlockTopks | None:
+    return per_block.slice(start, stop) if per_block is not None else None
 
 
 class ShardedExchange:
     """The byte layout and the two collectives of the sharded exchange for one compressor's
     buckets, on rank ``rank`` of a replica group of ``world`` ranks."""
 
+    applies_all_sent = False  # owners keep sharded_topk per block: the rest goes back to error feedback
+
     def __init__(self, buckets: list[Bucket], encoding: str, sharded_topk: int, world: int, rank: int):
         self.buckets, self.encoding, self.world, self.rank = buckets, encoding, world, rank
         self.means_encoding = means_encoding(encoding)
         # Per bucket: the means kept per block, the owners' first blocks, and per owner the bytes
         # of the coefficients sent to it (stage 1) and of its packed means (stage 2).
-        self.k2 = [clamp_topk(sharded_topk or b.k, b.block_numel) for b in buckets]
+        # Blocks of different k (partial edge blocks) keep them per owner range (``sent_k``,
+        # ``mean_k``: None where a bucket's blocks share one k).
+        kept = [sharded_topks(b, sharded_topk) for b in buckets]
+        self.k2 = [k2 for k2, _ in kept]
         self.starts = [[o * b.num_blocks // world for o in range(world + 1)] for b in buckets]
-        self.sent_bytes = [[coefficients_nbytes(s[o + 1] - s[o], b.k, b.block_numel, encoding, b.index_coding)
-                            for o in range(world)] for b, s in zip(buckets, self.starts)]
-        self.mean_bytes = [[coefficients_nbytes(s[o + 1] - s[o], k2, b.block_numel, self.means_encoding,
-                                                b.index_coding) for o in range(world)]
-                           for b, s, k2 in zip(buckets, self.starts, self.k2)]
+        self.sent_k = [[_part(b.per_block, s[o], s[o + 1]) for o in range(world)] for b, s in zip(buckets, self.starts)]
+        self.mean_k = [[_part(per, s[o], s[o + 1]) for o in range(world)] for (_, per), s in zip(kept, self.starts)]
+        self.sent_bytes = [[blocks_nbytes(s[o + 1] - s[o], b.k, self.sent_k[i][o], b.block_numel, encoding,
+                                          b.index_coding) for o in range(world)]
+                           for i, (b, s) in enumerate(zip(buckets, self.starts))]
+        self.mean_bytes = [[blocks_nbytes(s[o + 1] - s[o], k2, self.mean_k[i][o], b.block_numel, self.means_encoding,
+                                          b.index_coding) for o in range(world)]
+                           for i, (b, s, k2) in enumerate(zip(buckets, self.starts, self.k2))]
         # Stage 1, owner-major: owner o's part is every bucket's coefficients of o's blocks.
         # Stage 2: owner o's row is every bucket's means of o's blocks, then o's own flag byte
         # (a replica that saw a non-finite value sent finite coefficients without that gradient in
@@ -87,8 +112,8 @@ class ShardedExchange:
         """Bucket ``i``'s kept coefficients ``[B, k]`` -> one bit stream per owner's block range,
         concatenated in owner order."""
         b, s = self.buckets[i], self.starts[i]
-        return torch.cat([pack_payload(idx[s[o]:s[o + 1]], vals[s[o]:s[o + 1]], b.block_numel, self.encoding,
-                                       b.index_coding) for o in range(self.world)])
+        return torch.cat([pack_blocks(idx[s[o]:s[o + 1]], vals[s[o]:s[o + 1]], self.sent_k[i][o], b.block_numel,
+                                      self.encoding, b.index_coding) for o in range(self.world)])
 
     def exchange(self, payloads: list[torch.Tensor], flag: torch.Tensor, group, timeout: float | None,
                  device: torch.device) -> tuple[torch.Tensor, Traffic]:
@@ -104,8 +129,8 @@ class ShardedExchange:
                 offsets[i] += self.sent_bytes[i][o]
         send = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8, device=device)
         recv = torch.empty(W * self.part_bytes[me], dtype=torch.uint8, device=device)
-        all_to_all_split(recv, send, [self.part_bytes[me]] * W, self.part_bytes, group, timeout,
-                         "the sharded exchange (to the owners)")
+        group.all_to_all(recv, send, [self.part_bytes[me]] * W, self.part_bytes, timeout=timeout,
+                         what="the sharded exchange (to the owners)")
         received = recv.view(W, self.part_bytes[me])
         # Owner: the mean of every coefficient of my blocks, re-compressed; my flag last.
         row = torch.empty(self.row_bytes[me], dtype=torch.uint8, device=device)
@@ -114,28 +139,37 @@ class ShardedExchange:
             if n:
                 sent_at, mean_at = self.sent_at[i][me], self.mean_at[i][me] - self.row_starts[me]
                 seg = received[:, sent_at:sent_at + self.sent_bytes[i][me]]
-                idx, vals = b.path.unpack(seg, n, b.k, b.block_numel, b.dtype)
-                means = self.owner_means(idx, vals, b.block_numel, self.k2[i])
-                row[mean_at:mean_at + self.mean_bytes[i][me]] = pack_payload(*means, b.block_numel,
-                                                                             self.means_encoding, b.index_coding)
+                idx, vals = b.path.unpack(seg, n, b.k, b.block_numel, b.dtype, self.sent_k[i][me])
+                mean_k = self.mean_k[i][me]
+                means = self.owner_means(idx, vals, b.block_numel, self.k2[i],
+                                         None if mean_k is None else mean_k.per_block_on(device))
+                row[mean_at:mean_at + self.mean_bytes[i][me]] = pack_blocks(*means, mean_k, b.block_numel,
+                                                                            self.means_encoding, b.index_coding)
         row[-FLAG_BYTES:] = flag.reshape(FLAG_BYTES)
         # Stage 2: my row to every replica, every owner's row to me (rows differ in length by
         # a block or so per bucket: an all_to_all sends each exactly, an all_gather would pad).
         rows = torch.empty(self.row_starts[W], dtype=torch.uint8, device=device)
-        all_to_all_split(rows, row.repeat(W), self.row_bytes, [self.row_bytes[me]] * W, group, timeout,
-                         "the sharded exchange (from the owners)")
+        group.all_to_all(rows, row.repeat(W), self.row_bytes, [self.row_bytes[me]] * W, timeout=timeout,
+                         what="the sharded exchange (from the owners)")
         return rows, self.traffic()
 
+    def start(self, payloads, flag, group):
+        raise ValueError("the sharded exchange runs two collectives with the owners' work between them: "
+                         "it cannot be started and left in flight (overlap needs exchange = \"allgather\")")
+
     def owner_means(self, idx: torch.Tensor, vals: torch.Tensor, block_numel: int,
-                    k2: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    k2: int, row_k2: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """W replicas' ``[W, n, k]`` coefficients of n blocks -> per block the ``k2`` coefficients
-        with the largest |sum of votes| (ties: the lower index), as ``(idx, mean over their
-        voters)`` ``[n, k2]``."""
+        (``row_k2``: each block's own, the slots beyond it zero) with the largest |sum of votes|
+        (ties: the lower index), as ``(idx, mean over their voters)`` ``[n, k2]``."""
         total, count = vote_totals(idx, vals, block_numel)
         # Ties (1-bit votes sum to integers) go to the lower index: a stable sort, not topk, whose
         # order among equals is unspecified (the owner alone decides, but runs must repeat).
         keep = torch.sort(total.abs(), dim=-1, descending=True, stable=True).indices[:, :k2]
-        return keep, torch.gather(total, -1, keep) / torch.gather(count, -1, keep).clamp_min(1)
+        means = torch.gather(total, -1, keep) / torch.gather(count, -1, keep).clamp_min(1)
+        if row_k2 is not None:
+            means = torch.where(torch.arange(k2, device=means.device) < row_k2.unsqueeze(-1), means, 0.0)
+        return keep, means
 
     def flag_bytes(self, rows: torch.Tensor) -> torch.Tensor:
         """Every replica's flag byte, in rank order: the last byte of its row."""
@@ -154,8 +188,8 @@ class ShardedExchange:
                 continue
             at = self.mean_at[i][o]
             seg = rows[at:at + self.mean_bytes[i][o]].unsqueeze(0)
-            idx, vals = unpack_payload(seg, n, self.k2[i], b.block_numel, self.means_encoding, b.dtype,
-                                       b.index_coding)
+            idx, vals = unpack_blocks(seg, n, self.k2[i], self.mean_k[i][o], b.block_numel, self.means_encoding,
+                                      b.dtype, b.index_coding)
             idx_parts.append(idx)
             val_parts.append(vals)
         return torch.cat(idx_parts, dim=1), torch.cat(val_parts, dim=1)

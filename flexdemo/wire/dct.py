@@ -41,6 +41,7 @@ class BlockLayout:
     cols: int  # size of the last dim
     n1: int  # block height
     n2: int  # block width
+    chunk: int  # the target edge the blocks were cut for (a full block is chunk x chunk)
 
     @property
     def block_numel(self) -> int:
@@ -70,6 +71,13 @@ class BlockLayout:
     def numel(self) -> int:
         return self.lead * self.rows * self.cols
 
+    def block_areas(self) -> list[int]:
+        """Each block's elements inside the tensor (its valid rows x valid columns), in block order
+        (leading slice, then row of blocks, then column of blocks)."""
+        heights = [min(self.n1, self.rows - r * self.n1) for r in range(self.row_blocks)]
+        widths = [min(self.n2, self.cols - c * self.n2) for c in range(self.col_blocks)]
+        return [h * w for h in heights for w in widths] * self.lead if self.numel else []
+
 
 def block_layout(shape: tuple[int, ...] | torch.Size, chunk: int) -> BlockLayout:
     shape = tuple(int(s) for s in shape)
@@ -79,7 +87,7 @@ def block_layout(shape: tuple[int, ...] | torch.Size, chunk: int) -> BlockLayout
         lead, rows, cols = 1, 1, shape[0]
     else:
         lead, rows, cols = math.prod(shape[:-2]), shape[-2], shape[-1]
-    return BlockLayout(shape, lead, rows, cols, chunk_size(rows, chunk), chunk_size(cols, chunk))
+    return BlockLayout(shape, lead, rows, cols, chunk_size(rows, chunk), chunk_size(cols, chunk), int(chunk))
 
 
 @lru_cache(maxsize=None)

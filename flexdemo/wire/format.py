@@ -27,6 +27,13 @@ fp32/bf16 values a zero value marks a non-voter, with 1-bit values the block's v
 The sharded exchange's second stream, an owner's means, is this format too, in
 :func:`means_encoding` (bf16 where the replicas send 1-bit values).
 
+How many coefficients a block keeps (:func:`block_topk`): the configured top-k is a count per
+full ``chunk x chunk`` block; a smaller block (a 1-D tensor's ``1 x chunk`` chunks, a tensor
+with fewer rows than ``chunk``, the partial edge blocks of an FSDP shard) keeps top-k scaled to
+its share of that area, rounded to nearest, at least 1. So bytes per parameter do not depend on
+how a tensor is split. A run of blocks whose k differ (a shard ending in a partial row of blocks)
+travels as one sub-stream per k, largest k first (:class:`BlockTopks`), each in the layout below.
+
 So ``nbytes = ceil(B*k*bits/8) + value bytes``; for 64x64 blocks, k=32 and sign values that
 is 52.75 bytes per 4096 elements (56.75 with scaled_sign). The writers and readers of these
 bytes are :mod:`flexdemo.compression.codec` (torch ops) and :mod:`flexdemo.kernels.pack`
@@ -51,7 +58,7 @@ SCALE_NBYTES = 4  # one fp32 scale per block (scaled_sign; two of them: two_bit)
 COUNTED_ENCODINGS = ("sign", "scaled_sign", "two_bit")  # values sent voters first, with a voter count per block
 # The payload format's version: part of the replicas' start-up agreement, so ranks that would
 # read each other's bytes differently refuse to start. Bump it with any change to the bytes.
-WIRE_FORMAT_VERSION = 4
+WIRE_FORMAT_VERSION = 5  # 5: top-k scaled to each block's share of chunk x chunk
 # Each replica's payload ends with one flag byte: 1 = it saw a non-finite value (every replica
 # then skips, or stops, alike).
 FLAG_BYTES = 1
@@ -87,6 +94,63 @@ def clamp_topk(topk: int, block_numel: int) -> int:
     return min(max(int(topk), 1), block_numel)
 
 
+def block_topk(topk: int, area: int, chunk: int, block_numel: int) -> int:
+    """Coefficients kept of one block with ``area`` elements inside the tensor: ``topk`` (a count
+    per full ``chunk x chunk`` block) times ``area / chunk**2``, rounded half up, at least 1 and at
+    most the block's ``block_numel`` coefficients."""
+    full = chunk * chunk
+    return clamp_topk((2 * int(topk) * area + full) // (2 * full), block_numel)
+
+
+def block_topks(layout: BlockLayout, topk: int) -> tuple[int, tuple[int, ...] | None]:
+    """``(k, per_block)``: the top-k of ``layout``'s largest blocks, and each block's own top-k
+    in block order when they differ (partial edge blocks), else None."""
+    areas = layout.block_areas()
+    if not areas:
+        return clamp_topk(topk, layout.block_numel), None
+    ks = tuple(block_topk(topk, a, layout.chunk, layout.block_numel) for a in areas)
+    k = max(ks)
+    return k, (ks if min(ks) != k else None)
+
+
+class BlockTopks:
+    """A run of blocks whose top-k differ, as the wire carries it: one sub-stream per distinct k
+    (largest first), each the blocks of that k in order, ``k`` slots each (voters first)."""
+
+    def __init__(self, per_block: tuple[int, ...]):
+        self.per_block = tuple(per_block)
+        self.k = max(self.per_block)
+        rows: dict[int, list[int]] = {}
+        for b, k in enumerate(self.per_block):
+            rows.setdefault(k, []).append(b)
+        self.streams = sorted(rows.items(), key=lambda kv: -kv[0])  # [(k, block rows)]
+        self._on: dict = {}  # per device: the sub-streams' rows, and the per-block k
+
+    def __len__(self) -> int:
+        return len(self.per_block)
+
+    def slice(self, start: int, stop: int) -> "BlockTopks | None":
+        part = self.per_block[start:stop]
+        return BlockTopks(part) if part else None
+
+    def on(self, device: torch.device) -> list[tuple[int, torch.Tensor]]:
+        """The sub-streams' ``(k, row indices)`` on ``device`` (made once per device)."""
+        device = torch.device(device)
+        if device not in self._on:
+            self._on[device] = [(k, torch.tensor(r, dtype=torch.long, device=device)) for k, r in self.streams]
+        return self._on[device]
+
+    def per_block_on(self, device: torch.device) -> torch.Tensor:
+        """Each block's k as a device tensor (made once per device)."""
+        device = torch.device(device)
+        if ("k", device) not in self._on:
+            self._on[("k", device)] = torch.tensor(self.per_block, dtype=torch.long, device=device)
+        return self._on[("k", device)]
+
+    def nbytes(self, block_numel: int, encoding: str, index_coding: str = "fixed") -> int:
+        return sum(coefficients_nbytes(len(r), k, block_numel, encoding, index_coding) for k, r in self.streams)
+
+
 def value_nbytes(num_blocks: int, k: int, encoding: str) -> int:
     """Bytes of the value part for ``num_blocks`` blocks of ``k`` kept coefficients."""
     check_encoding(encoding)
@@ -120,7 +184,17 @@ def coefficients_nbytes(num_blocks: int, k: int, block_numel: int, encoding: str
     return index_nbytes(num_blocks, k, block_numel, index_coding) + value_nbytes(num_blocks, k, encoding)
 
 
+def blocks_nbytes(num_blocks: int, k: int, per_block: BlockTopks | None, block_numel: int, encoding: str,
+                  index_coding: str = "fixed") -> int:
+    """Bytes of ``num_blocks`` blocks keeping ``k`` each, or each its own (``per_block``)."""
+    if per_block is not None:
+        return per_block.nbytes(block_numel, encoding, index_coding)
+    return coefficients_nbytes(num_blocks, k, block_numel, encoding, index_coding)
+
+
 def payload_nbytes(layout: BlockLayout, topk: int, encoding: str, index_coding: str = "fixed") -> int:
-    """Bytes one rank sends for one tensor (0 for an empty local shard)."""
-    return coefficients_nbytes(layout.num_blocks, clamp_topk(topk, layout.block_numel), layout.block_numel, encoding,
-                               index_coding)
+    """Bytes one rank sends for one tensor (0 for an empty local shard), ``topk`` per full
+    ``chunk x chunk`` block (:func:`block_topks`)."""
+    k, per_block = block_topks(layout, topk)
+    return blocks_nbytes(layout.num_blocks, k, BlockTopks(per_block) if per_block else None, layout.block_numel,
+                         encoding, index_coding)
