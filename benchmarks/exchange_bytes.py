@@ -59,9 +59,9 @@ def count_collectives():
     dist.all_to_all_single, dist.all_gather_into_tensor = all_to_all_single, all_gather_into_tensor
     if hasattr(dist, "all_gather_single"):
         dist.all_gather_single = all_gather_into_tensor
-    import flexdemo.compression.exchange as exchange
+    import flexdemo.replica_group as replica_group
 
-    exchange.all_gather_flat = all_gather_into_tensor
+    replica_group.all_gather_flat = all_gather_into_tensor
     return counted
 
 

@@ -13,8 +13,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from flexdemo.compression.exchange import all_gather_flat
 from flexdemo.local import local_tensor
+from flexdemo.replica_group import all_gather_flat
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK = 1 << 22  # elements hashed at a time, to bound the temporary memory

@@ -19,13 +19,14 @@ ROOT = Path(__file__).resolve().parent.parent / "flexdemo"
 # Lower ranks are imported by higher ones, never the reverse.
 RANKS = {
     "flexdemo.local": 0,  # the local shard of a DTensor
+    "flexdemo.replica_group": 0,  # the ReplicaGroup protocol and its static implementation: torch only
     "flexdemo.wire": 0,  # DCT, bit packing, the payload format: torch and stdlib only
     "flexdemo.kernels": 1,  # Triton kernels writing and reading the wire
     "flexdemo.data": 1,  # corpora, tokenizers, the dataset and its resharding (no torchtitan)
     "flexdemo.compression": 2,  # torch codec, plan, paths, exchange, agreement, TopkCompressor
     "flexdemo.replica_check": 3,  # the replicas-identical check (uses compression.exchange)
     "flexdemo.optim": 3,  # DeMo, DiLoCo
-    "flexdemo.elastic": 3,  # torchft's Manager as the replica group (compression reaches it by duck typing)
+    "flexdemo.elastic": 3,  # torchft's Manager as a ReplicaGroup (nothing below imports it)
     "flexdemo": 4,  # flexdemo/__init__.py: the public names
     "flexdemo.titan": 4,  # the torchtitan plugin
 }

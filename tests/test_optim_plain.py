@@ -58,7 +58,7 @@ def test_compressed_values_match_reference_with_weight_decay(encoding):
 
 
 def _bytes_report(rank, world, encoding):
-    from flexdemo.compression import exchange
+    from flexdemo import replica_group as exchange
 
     # What really goes into the collective: the buffers handed to the all_gather.
     handed = []

@@ -24,7 +24,8 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from flexdemo.compression.exchange import all_gather_flat, distributed, group_size
+from flexdemo.compression.exchange import distributed
+from flexdemo.replica_group import replica_group
 from flexdemo.wire import format as wire_format
 
 ABSENT = "nothing (the setting is missing there)"
@@ -63,17 +64,17 @@ def check_settings_agree(who: str, settings: dict[str, object], group, device: t
     ``world_group`` must call it, once, at start (it runs collectives)."""
     if not distributed():
         return
+    group = replica_group(group)
     items = [("optimizer", who)] + [(k, str(v)) for k, v in settings.items()]
     mine = torch.tensor([len(items), _digest(items)], dtype=torch.int64, device=device)
-    world = group_size(group)
-    gathered = torch.empty(world * 2, dtype=torch.int64, device=device)
-    all_gather_flat(gathered, mine, group=group)
-    rows = gathered.view(world, 2).tolist()
+    world = group.size()
+    gathered = torch.empty(world, 2, dtype=torch.int64, device=device)
+    group.all_gather(gathered, mine, what="the settings check")
+    rows = gathered.tolist()
     message = None
     if any(row != rows[0] for row in rows):
-        everyone: list = [None] * world
-        dist.all_gather_object(everyone, items, group=group)
-        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        everyone = group.gather_objects(items)
+        ranks = group.global_ranks()
         for r in range(1, world):
             diff = first_difference(everyone[0], everyone[r])
             if diff is not None:

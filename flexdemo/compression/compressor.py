@@ -8,11 +8,12 @@ dense outer gradient). Per exchange:
 1. :meth:`TopkCompressor.select` / :meth:`encode`: ``acc = decay * acc + scale * inc``; top-k
    of each DCT block of ``acc``; ``acc -= IDCT(sent)``; the kept ``(idx, vals)`` packed per
    bucket (:mod:`flexdemo.compression.plan`, :mod:`flexdemo.compression.codec`);
-2. :meth:`exchange`: ONE all_gather of every bucket's bytes over the replica group;
+2. :meth:`exchange`: the exchange strategy chosen once (:mod:`.allgather`: ONE all_gather of
+   every bucket's bytes; :mod:`.sharded`: two all_to_alls through the blocks' owners) over the
+   replica group (:mod:`flexdemo.replica_group`);
 3. :meth:`unpack` + :meth:`decode_sign_update` / :meth:`decode_into`: the mean over the
-   replicas that selected each coefficient, inverse DCT. (The sharded exchange: two
-   collectives, and :meth:`dropped` + :meth:`restore` put back into error feedback what the
-   owners did not apply.)
+   replicas that selected each coefficient, inverse DCT; :meth:`dropped` + :meth:`restore` put
+   back into error feedback what the exchange did not apply (the sharded owners' leftovers).
 
 Each replica's payload ends with one flag byte (:meth:`flags`): a replica that saw a
 non-finite value says so there, so every replica learns it from the exchange itself and all
@@ -34,18 +35,12 @@ import torch.distributed as dist
 
 from flexdemo.compression.agreement import check_settings_agree, compressor_settings
 from flexdemo.compression.codec import sent_values
-from flexdemo.compression.exchange import (
-    ExchangeTimer,
-    Traffic,
-    distributed,
-    gather_payloads,
-    group_size,
-    is_elastic,
-    wait_for,
-)
+from flexdemo.compression.allgather import AllGatherExchange
+from flexdemo.compression.exchange import ExchangeTimer, Traffic, distributed
 from flexdemo.compression.paths import choose_path
 from flexdemo.compression.plan import Bucket, build_plan
-from flexdemo.compression.sharded import ShardedExchange
+from flexdemo.compression.sharded import ShardedExchange, sharded_topks
+from flexdemo.replica_group import replica_group
 from flexdemo.local import local_tensor
 from flexdemo.wire.dct import blocks_idct
 from flexdemo.wire.format import FLAG_BYTES, check_encoding, check_index_coding
@@ -71,7 +66,7 @@ class StartedExchange:
     def result(self) -> torch.Tensor:
         if self._work is not None:
             start = time.perf_counter()
-            wait_for(self._work, self._group, self._timeout, "the compressed exchange")
+            self._group.wait(self._work, self._timeout, "the compressed exchange")
             self.waited_seconds = time.perf_counter() - start
             self._work = None
         return self.gathered
@@ -158,56 +153,59 @@ class TopkCompressor:
         self.kernel_precision = kernel_precision
         self.timeout = timeout  # seconds an exchange may take (None: the process group's timeout)
         self.encoding = encoding
-        self.group = replicate_group
+        self.group = replica_group(replicate_group)
         entries = [[(t, tuple(local_tensor(t).shape), t.dtype) for t in ts] for ts in groups]
-        self.buckets, coefficient_bytes = build_plan(entries, chunks, topks, encoding, index_coding)
-        self._allgather_nbytes = coefficient_bytes + FLAG_BYTES  # the flag byte ends each payload
+        self.buckets, _ = build_plan(entries, chunks, topks, encoding, index_coding)
         self._index = {id(b): i for i, b in enumerate(self.buckets)}
-        # "sharded": owners aggregate and re-compress (compression.sharded); one replica: nothing to
-        # shard. Over an elastic group the owners' split follows each step's replica count (one
-        # replica too): a layout per (count, rank), made when first met (:attr:`sharded`).
-        world = group_size(replicate_group)
-        self._fixed_sharded = None
-        self._sharded_args = (encoding, sharded_topk) if exchange == "sharded" else None
-        self._sharded_layouts: dict[tuple[int, int], ShardedExchange] = {}
-        if exchange == "sharded" and world > 1 and not is_elastic(replicate_group):
-            self._fixed_sharded = ShardedExchange(self.buckets, encoding, sharded_topk, world,
-                                                  dist.get_rank(replicate_group))
-        for i, b in enumerate(self.buckets):
+        # The exchange strategy, chosen once: its byte layout depends on the replica count and this
+        # rank's place, which a torchft group may change between steps, so a layout is made per
+        # (count, rank) when first met (:attr:`strategy`). One replica: nothing to shard.
+        sharded = exchange == "sharded"
+        self._make_strategy = (
+            lambda world, rank: ShardedExchange(self.buckets, encoding, sharded_topk, world, rank)
+            if sharded and world > 1 else AllGatherExchange(self.buckets, encoding, world, rank))
+        self._strategies: dict[tuple[int, int], object] = {}
+        for b in self.buckets:
             # the decode reads the owners' sharded_topk means per block in the sharded exchange
-            k_read = self.sharded.k_decoded(i) if self.sharded else b.k
+            k_read = max(b.k, sharded_topks(b, sharded_topk)[0]) if sharded else b.k
             b.path = choose_path(b, fused, encoding, kernel_precision, k_read)
         flat = [t for ts in groups for t in ts]
         self.device = local_tensor(flat[0]).device if flat else torch.device("cpu")
         self.last_traffic = Traffic()
         self._timer: ExchangeTimer | None = None
-        # The caller's settings (``agree``) and everything that changes the decoded bits. Not over an
-        # elastic group (yet): the check's collectives need one torch.distributed world.
-        if distributed() and not is_elastic(replicate_group):
-            settings = compressor_settings(self.buckets, entries, encoding, kernel_precision, self.device)
-            settings["exchange"] = exchange if exchange == "allgather" else f"sharded, sharded_topk {sharded_topk}"
-            settings["index coding"] = index_coding
-            check_settings_agree(who, {**(agree or {}), **settings}, replicate_group, self.device)
+        # The caller's settings (``agree``) and everything that changes the decoded bits, compared
+        # over the group as it is now (a torchft group before its first quorum is this replica
+        # alone: a joining replica is compared at join, against the same list: :attr:`settings`).
+        self.settings = compressor_settings(self.buckets, entries, encoding, kernel_precision, self.device)
+        self.settings["exchange"] = exchange if exchange == "allgather" else f"sharded, sharded_topk {sharded_topk}"
+        self.settings["index coding"] = index_coding
+        self.settings = {**(agree or {}), **self.settings}
+        if distributed():
+            check_settings_agree(who, self.settings, self.group, self.device)
+
+    @property
+    def strategy(self):
+        """The exchange strategy's layout for this step's replicas (:mod:`.allgather`, :mod:`.sharded`)."""
+        key = (self.group.size(), self.group.rank())
+        if key not in self._strategies:
+            self._strategies[key] = self._make_strategy(*key)
+        return self._strategies[key]
 
     @property
     def sharded(self) -> ShardedExchange | None:
         """The sharded exchange's layout for this step's replicas, or None (all_gather)."""
-        if self._sharded_args is None or not is_elastic(self.group):
-            return self._fixed_sharded
-        key = (self.group.size(), self.group.rank())
-        if key not in self._sharded_layouts:
-            self._sharded_layouts[key] = ShardedExchange(self.buckets, *self._sharded_args, *key)
-        return self._sharded_layouts[key]
+        strategy = self.strategy
+        return strategy if isinstance(strategy, ShardedExchange) else None
 
     @property
     def nbytes(self) -> int:
         """Bytes this rank packs per exchange."""
-        return self.sharded.payload_nbytes if self.sharded is not None else self._allgather_nbytes
+        return self.strategy.payload_nbytes
 
     def commit(self) -> bool:
-        """Whether the last exchange's update may be applied: always, but over an elastic group,
-        where torchft says whether every replica's part of the step succeeded."""
-        return self.group.commit() if is_elastic(self.group) else True
+        """Whether the last exchange's update may be applied (the replica group says: a torchft
+        group answers whether every replica's part of the step succeeded)."""
+        return self.group.commit()
 
     @property
     def uses_fused_kernels(self) -> bool:
@@ -239,49 +237,31 @@ class TopkCompressor:
 
     def pack(self, bucket: Bucket, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
         """A bucket's kept coefficients (all its members, in order) -> its bytes of the payload."""
-        if self.sharded is not None:
-            return self.sharded.pack(self._index[id(bucket)], idx, vals)
-        return bucket.path.pack(idx, vals, bucket.block_numel, bucket.per_block)
+        return self.strategy.pack(self._index[id(bucket)], idx, vals)
 
     def encode(self, bucket: Bucket, accs, incs=None, scale: float = 1.0, decay: float = 1.0) -> torch.Tensor:
         return self.pack(bucket, *self.select(bucket, accs, incs, scale, decay))
 
     # -- exchange ---------------------------------------------------------------------------
 
-    def _concat(self, payloads: list[torch.Tensor], flag: torch.Tensor | None) -> torch.Tensor:
+    def _flag(self, flag: torch.Tensor | None) -> torch.Tensor:
         if flag is None:
-            flag = torch.zeros(FLAG_BYTES, dtype=torch.uint8, device=self.device)
-        mine = torch.cat([*payloads, flag.to(device=self.device, dtype=torch.uint8).reshape(FLAG_BYTES)])
-        if mine.numel() != self.nbytes:
-            raise RuntimeError(f"payload of {mine.numel()} bytes, the plan says {self.nbytes}")
-        return mine
+            return torch.zeros(FLAG_BYTES, dtype=torch.uint8, device=self.device)
+        return flag.to(device=self.device, dtype=torch.uint8)
 
     def exchange(self, payloads: list[torch.Tensor], flag: torch.Tensor | None = None) -> torch.Tensor:
-        """ONE all_gather of every bucket's payload and this rank's flag (a 0/1 byte, zero
-        if None): ``[replicas, nbytes]`` bytes on every rank. The sharded exchange instead: an
-        all_to_all to the owners and one back from them with their means (:mod:`.sharded`)."""
-        if self.sharded is not None:
-            if flag is None:
-                flag = torch.zeros(FLAG_BYTES, dtype=torch.uint8, device=self.device)
-            timer = ExchangeTimer(self.device)
-            rows, self.last_traffic = self.sharded.exchange(
-                payloads, flag.to(device=self.device, dtype=torch.uint8), self.group, self.timeout, self.device)
-            self._timer = timer.stop()
-            return rows
-        mine = self._concat(payloads, flag)
-        timer = ExchangeTimer(mine.device)
-        gathered, self.last_traffic, _ = gather_payloads(mine, self.group, timeout=self.timeout)
+        """Every bucket's payload and this rank's flag (a 0/1 byte, zero if None) through the
+        exchange strategy: the rows every rank decodes (all_gather: ``[replicas, nbytes]``)."""
+        timer = ExchangeTimer(self.device)
+        rows, self.last_traffic = self.strategy.exchange(payloads, self._flag(flag), self.group, self.timeout,
+                                                         self.device)
         self._timer = timer.stop()
-        return gathered
+        return rows
 
     def start_exchange(self, payloads: list[torch.Tensor], flag: torch.Tensor | None = None) -> "StartedExchange":
         """The same all_gather, started and not waited for: it runs while the caller computes
         (on CUDA, on NCCL's stream). ``StartedExchange.result()`` waits and returns the bytes."""
-        if self.sharded is not None:
-            raise ValueError("the sharded exchange runs two collectives with the owners' work between them: "
-                             "it cannot be started and left in flight (overlap needs exchange = \"allgather\")")
-        mine = self._concat(payloads, flag)
-        gathered, self.last_traffic, work = gather_payloads(mine, self.group, async_op=True)
+        mine, gathered, self.last_traffic, work = self.strategy.start(payloads, self._flag(flag), self.group)
         started = StartedExchange(gathered, work, self.group, self.timeout, sent_row=mine)
         if gathered.is_cuda and work is not None:  # on their way to the host as soon as they land
             started.flags = HostFlags(self.flag_bytes(gathered), work)
@@ -289,14 +269,12 @@ class TopkCompressor:
 
     @property
     def last_exchange_seconds(self) -> float:
-        """Wall time of the last all_gather (on CUDA: between stream events, read lazily)."""
+        """Wall time of the last exchange (on CUDA: between stream events, read lazily)."""
         return self._timer.seconds() if self._timer is not None else 0.0
 
     def flag_bytes(self, gathered: torch.Tensor) -> torch.Tensor:
         """Every replica's flag byte, in rank order, on the exchange's device."""
-        if self.sharded is not None:
-            return self.sharded.flag_bytes(gathered)
-        return gathered[:, -FLAG_BYTES]
+        return self.strategy.flag_bytes(gathered)
 
     def flags(self, gathered: torch.Tensor) -> list[int]:
         """Every replica's flag byte, in rank order (a host copy)."""
@@ -316,23 +294,17 @@ class TopkCompressor:
 
     def dropped(self, bucket: Bucket, decoded_idx: torch.Tensor, idx: torch.Tensor,
                 vals: torch.Tensor) -> torch.Tensor | None:
-        """The sharded exchange: the values this replica sent of ``bucket`` (``idx``/``vals``, as
-        selected) that the owners did not apply (``decoded_idx``: :meth:`unpack`'s), zero elsewhere,
-        for :meth:`restore`. None with all_gather, which applies everything sent."""
-        if self.sharded is None:
-            return None
-        return self.sharded.dropped(self._index[id(bucket)], decoded_idx, idx, vals)
+        """The values this replica sent of ``bucket`` (``idx``/``vals``, as selected) that the
+        exchange did not apply (``decoded_idx``: :meth:`unpack`'s; the sharded owners' leftovers),
+        zero elsewhere, for :meth:`restore`; None where everything sent was applied (all_gather)."""
+        return self.strategy.dropped(self._index[id(bucket)], decoded_idx, idx, vals)
 
     # -- decode -----------------------------------------------------------------------------
 
     def unpack(self, bucket: Bucket, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every replica's ``(idx, vals)`` ``[W, B, k]`` of one bucket, from the gathered bytes (the
+        """Every replica's ``(idx, vals)`` ``[W, B, k]`` of one bucket, from the exchanged bytes (the
         sharded exchange: the owners' means as one voter, ``[1, B, sharded_topk]``)."""
-        if self.sharded is not None:
-            return self.sharded.unpack(self._index[id(bucket)], gathered)
-        payloads = gathered[:, bucket.byte_offset : bucket.byte_offset + bucket.nbytes(self.encoding)]
-        return bucket.path.unpack(payloads, bucket.num_blocks, bucket.k, bucket.block_numel, bucket.dtype,
-                                  bucket.per_block)
+        return self.strategy.unpack(self._index[id(bucket)], gathered)
 
     def decode_sign_update(self, bucket: Bucket, idx, vals, targets: list[torch.Tensor], lr: float,
                            scale: float = 1.0, keep: torch.Tensor | None = None) -> None:

@@ -1,5 +1,6 @@
-"""Collectives over the replica group (the slow link): the packed all_gather of compressed
-payloads, the dense replica mean of the DiLoCo baseline, the replicate group's layout check, and a
+"""Collectives over the replica group (the slow link), through the :class:`ReplicaGroup`
+protocol (:mod:`flexdemo.replica_group`: a static process group or torchft's; nothing here asks
+which): the packed all_gather of compressed payloads, the dense replica mean of the DiLoCo baseline, the replicate group's layout check, and a
 timer that does not sync the host (the replicas' settings agreement: :mod:`.agreement`).
 
 Every function here gives every rank of the group the same bits: the all_gather copies bytes,
@@ -10,15 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial
 
-# torch 2.13 deprecates all_gather_into_tensor in favour of all_gather_single (absent in 2.11).
-all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+from flexdemo.replica_group import ReplicaExchangeTimeout, ReplicaGroup, wait_for  # noqa: F401 (re-exported)
+
 
 
 @dataclass
@@ -69,76 +69,23 @@ def any_nonfinite(tensors, shard_group, device: torch.device) -> bool:
     return bool(nonfinite_flags(tensors, shard_group, device)[1].item())
 
 
-class ReplicaExchangeTimeout(RuntimeError):
-    """A collective over the replica group did not complete in time: a peer across the slow
-    link is stalled or gone."""
-
-
-def wait_for(work, group, timeout: float | None, what: str) -> None:
-    """Wait for ``work`` (None: nothing to wait for) at most ``timeout`` seconds (None: the
-    process group's own timeout); a failure is reported naming the replica group."""
-    if work is None:
-        return
-    try:
-        if timeout:
-            work.wait(timedelta(seconds=timeout))
-        else:
-            work.wait()
-    except Exception as e:  # gloo and NCCL raise different types on a timeout or a lost peer
-        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-        limit = f"{timeout:g} s" if timeout else "the process group's timeout"
-        raise ReplicaExchangeTimeout(
-            f"{what} over the replica group (ranks {ranks}) did not complete within {limit}: a peer on the "
-            f"replica link is stalled or gone ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-        ) from e
-
-
 def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def is_elastic(group) -> bool:
-    """An elastic replica group (flexdemo.elastic.ElasticGroup): torchft decides its members."""
-    return getattr(group, "elastic", False)
-
-
-def group_size(group) -> int:
-    if is_elastic(group):
-        return group.size()  # this step's participants
-    return dist.get_world_size(group) if distributed() else 1
-
-
-def gather_payloads(mine: torch.Tensor, group, async_op: bool = False, timeout: float | None = None):
+def gather_payloads(mine: torch.Tensor, group: ReplicaGroup, async_op: bool = False, timeout: float | None = None):
     """ONE all_gather of this rank's uint8 payload: ``([replicas, nbytes] on every rank,
     traffic, work)``. Waited for (at most ``timeout`` s) unless ``async_op``: then the bytes are
-    there once ``wait_for(work, ...)`` returns (``work`` is None when nothing had to be sent)."""
-    world, total = group_size(group), mine.numel()
+    there once ``wait_for(work, ...)`` returns (``work`` is None when nothing is left to wait for)."""
+    world, total = group.size(), mine.numel()
     if world == 1 or total == 0:
         return mine.unsqueeze(0), Traffic(total, 0), None
-    gathered = torch.empty(world * total, dtype=torch.uint8, device=mine.device)
-    if is_elastic(group):  # synchronous; a failure is left to the step's commit
-        group.all_gather_into(gathered.view(world, total), mine)
-        return gathered.view(world, total), Traffic(total, (world - 1) * total), None
-    work = all_gather_flat(gathered, mine, group=group, async_op=True)
-    if not async_op:
-        wait_for(work, group, timeout, "the compressed exchange")
-        work = None
-    return gathered.view(world, total), Traffic(total, (world - 1) * total), work
+    gathered = torch.empty(world, total, dtype=torch.uint8, device=mine.device)
+    work = group.all_gather(gathered, mine, timeout=timeout, what="the compressed exchange", async_op=async_op)
+    return gathered, Traffic(total, (world - 1) * total), work
 
 
-def all_to_all_split(out: torch.Tensor, mine: torch.Tensor, out_splits: list[int], in_splits: list[int], group,
-                     timeout: float | None, what: str) -> None:
-    """``out`` gets ``out_splits[r]`` bytes from rank r, which are its ``in_splits[me]`` for me.
-    Over an elastic group a failure is left to the step's commit (``out`` is then zeros)."""
-    if is_elastic(group):
-        group.all_to_all_into(out, mine, out_splits, in_splits)
-        return
-    work = dist.all_to_all_single(out, mine, output_split_sizes=out_splits, input_split_sizes=in_splits,
-                                  group=group, async_op=True)
-    wait_for(work, group, timeout, what)
-
-
-def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype,
+def replica_mean(flat: torch.Tensor, group: ReplicaGroup, wire_dtype: torch.dtype,
                  timeout: float | None = None) -> tuple[torch.Tensor, Traffic]:
     """Mean over the replica group of a flat fp32 tensor, with ``wire_dtype`` on the wire.
 
@@ -147,7 +94,7 @@ def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype,
     replica count; an all_gather returns every chunk's mean. Each element is computed by
     one rank only, so all ranks hold the same bits (an all_reduce does not promise that).
     """
-    world = group_size(group)
+    world = group.size()
     if world == 1:
         return flat.to(wire_dtype).to(flat.dtype), Traffic()
     n = flat.numel()
@@ -155,22 +102,14 @@ def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype,
     send = torch.zeros(world * chunk, dtype=wire_dtype, device=flat.device)
     send[:n].copy_(flat)
     recv = torch.empty_like(send)
-    if is_elastic(group):  # synchronous; a failure is left to the outer step's commit
-        group.all_to_all_into(recv, send)
-    else:
-        wait_for(dist.all_to_all_single(recv, send, group=group, async_op=True), group, timeout,
-                 "the dense exchange")
+    group.all_to_all(recv, send, timeout=timeout, what="the dense exchange")
     parts = recv.view(world, chunk)
     mine = torch.zeros(chunk, dtype=torch.float32, device=flat.device)
     for w in range(world):
         mine += parts[w]
     mine /= world
     gathered = torch.empty_like(send)
-    if is_elastic(group):
-        group.all_gather_into(gathered.view(world, chunk), mine.to(wire_dtype))
-    else:
-        wait_for(all_gather_flat(gathered, mine.to(wire_dtype), group=group, async_op=True), group, timeout,
-                 "the dense exchange")
+    group.all_gather(gathered.view(world, chunk), mine.to(wire_dtype), timeout=timeout, what="the dense exchange")
     elem = send.element_size()
     share = (world - 1) * chunk * elem
     # all_to_all: the other replicas' chunks leave and arrive; all_gather: own mean leaves, others arrive.
@@ -178,13 +117,11 @@ def replica_mean(flat: torch.Tensor, group, wire_dtype: torch.dtype,
     return gathered[:n].to(flat.dtype), traffic
 
 
-def check_replicate_group(params, group, who: str) -> None:
+def check_replicate_group(params, group: ReplicaGroup, who: str) -> None:
     """All DTensor params must live on one mesh, orthogonal to the replicate group: the group
     must hold exactly one rank of each shard group, so that every rank exchanges its own shard
-    with the same shard of the other replicas. (An elastic group spans jobs, one replica each:
-    the parameters' mesh is all of this job.)"""
-    if is_elastic(group):
-        return
+    with the same shard of the other replicas (``group.global_ranks()``: its members in this
+    job's world; a torchft group spans jobs, one replica each, and names only this rank)."""
     mesh = None
     for p in params:
         if not isinstance(p, DTensor):
@@ -200,7 +137,7 @@ def check_replicate_group(params, group, who: str) -> None:
             )
     if mesh is None or not distributed():
         return
-    replica_ranks = set(dist.get_process_group_ranks(group or dist.group.WORLD))
+    replica_ranks = set(group.global_ranks())
     overlap = replica_ranks & set(mesh.mesh.flatten().tolist())
     if overlap != {dist.get_rank()}:
         raise ValueError(

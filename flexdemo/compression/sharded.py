@@ -31,12 +31,12 @@ from __future__ import annotations
 import torch
 
 from flexdemo.compression.codec import pack_blocks, unpack_blocks, vote_totals
-from flexdemo.compression.exchange import Traffic, all_to_all_split
+from flexdemo.compression.exchange import Traffic
 from flexdemo.compression.plan import Bucket
 from flexdemo.wire.format import FLAG_BYTES, BlockTopks, blocks_nbytes, clamp_topk, means_encoding
 
 
-def _sharded_topks(bucket: Bucket, sharded_topk: int) -> tuple[int, BlockTopks | None]:
+def sharded_topks(bucket: Bucket, sharded_topk: int) -> tuple[int, BlockTopks | None]:
     """The means an owner keeps per block: each block's own top-k times ``sharded_topk / topk``
     (rounded half up, at least 1; 0: the block's top-k), so that ``sharded_topk >= W x topk``
     keeps whatever any of W replicas sent, small and partial blocks too."""
@@ -57,6 +57,8 @@ class ShardedExchange:
     """The byte layout and the two collectives of the sharded exchange for one compressor's
     buckets, on rank ``rank`` of a replica group of ``world`` ranks."""
 
+    applies_all_sent = False  # owners keep sharded_topk per block: the rest goes back to error feedback
+
     def __init__(self, buckets: list[Bucket], encoding: str, sharded_topk: int, world: int, rank: int):
         self.buckets, self.encoding, self.world, self.rank = buckets, encoding, world, rank
         self.means_encoding = means_encoding(encoding)
@@ -64,7 +66,7 @@ class ShardedExchange:
         # of the coefficients sent to it (stage 1) and of its packed means (stage 2).
         # Blocks of different k (partial edge blocks) keep them per owner range (``sent_k``,
         # ``mean_k``: None where a bucket's blocks share one k).
-        kept = [_sharded_topks(b, sharded_topk) for b in buckets]
+        kept = [sharded_topks(b, sharded_topk) for b in buckets]
         self.k2 = [k2 for k2, _ in kept]
         self.starts = [[o * b.num_blocks // world for o in range(world + 1)] for b in buckets]
         self.sent_k = [[_part(b.per_block, s[o], s[o + 1]) for o in range(world)] for b, s in zip(buckets, self.starts)]
@@ -127,8 +129,8 @@ class ShardedExchange:
                 offsets[i] += self.sent_bytes[i][o]
         send = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8, device=device)
         recv = torch.empty(W * self.part_bytes[me], dtype=torch.uint8, device=device)
-        all_to_all_split(recv, send, [self.part_bytes[me]] * W, self.part_bytes, group, timeout,
-                         "the sharded exchange (to the owners)")
+        group.all_to_all(recv, send, [self.part_bytes[me]] * W, self.part_bytes, timeout=timeout,
+                         what="the sharded exchange (to the owners)")
         received = recv.view(W, self.part_bytes[me])
         # Owner: the mean of every coefficient of my blocks, re-compressed; my flag last.
         row = torch.empty(self.row_bytes[me], dtype=torch.uint8, device=device)
@@ -147,9 +149,13 @@ class ShardedExchange:
         # Stage 2: my row to every replica, every owner's row to me (rows differ in length by
         # a block or so per bucket: an all_to_all sends each exactly, an all_gather would pad).
         rows = torch.empty(self.row_starts[W], dtype=torch.uint8, device=device)
-        all_to_all_split(rows, row.repeat(W), self.row_bytes, [self.row_bytes[me]] * W, group, timeout,
-                         "the sharded exchange (from the owners)")
+        group.all_to_all(rows, row.repeat(W), self.row_bytes, [self.row_bytes[me]] * W, timeout=timeout,
+                         what="the sharded exchange (from the owners)")
         return rows, self.traffic()
+
+    def start(self, payloads, flag, group):
+        raise ValueError("the sharded exchange runs two collectives with the owners' work between them: "
+                         "it cannot be started and left in flight (overlap needs exchange = \"allgather\")")
 
     def owner_means(self, idx: torch.Tensor, vals: torch.Tensor, block_numel: int,
                     k2: int, row_k2: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,12 +41,13 @@ class ElasticJoinError(RuntimeError):
 
 
 class ElasticGroup:
-    """A torchft Manager and its reconfigurable process group, seen as flexdemo's replica group.
+    """A torchft Manager and its reconfigurable process group: a :class:`flexdemo.replica_group.ReplicaGroup`.
 
     ``size()`` / ``rank()`` are this step's participants and this replica's place among them;
-    they change only at :meth:`start_step`."""
+    they change only at :meth:`start_step`. Collectives are synchronous; a failure is reported to
+    torchft (``commit()`` is then False) instead of raised."""
 
-    elastic = True  # flexdemo.compression.exchange dispatches on this
+    membership_fixed = False  # the quorum may change between steps
 
     def __init__(self, manager, pg):
         self.manager, self.pg = manager, pg
@@ -116,38 +117,50 @@ class ElasticGroup:
 
     # -- collectives ----------------------------------------------------------------------------
 
-    def all_gather_into(self, out: torch.Tensor, mine: torch.Tensor) -> bool:
+    def global_ranks(self) -> list[int]:
+        """The members in this job's world: only this rank (the other replicas are other jobs)."""
+        return [torch.distributed.get_rank()] if torch.distributed.is_initialized() else [0]
+
+    def wait(self, work, timeout, what) -> None:
+        """Nothing is left in flight: every collective here has returned."""
+
+    def gather_objects(self, obj) -> list:
+        """torchft's process group has no object collective: this replica's ``obj`` at its rank, None
+        at the others'."""
+        out = [None] * self.size()
+        out[self.rank() if self.joined else 0] = obj
+        return out
+
+    def all_gather(self, out: torch.Tensor, mine: torch.Tensor, *, timeout=None, what="an exchange",
+                   async_op=False):
         """``out[r] = replica r's mine``. On a failure the Manager is told (``commit`` is then
         False) and ``out`` holds this replica's payload in every row: the bytes are never applied."""
         from torch.distributed.distributed_c10d import AllgatherOptions
 
         if not self.joined:
             out.copy_(mine.unsqueeze(0).expand_as(out))
-            return False
+            return None
         try:
             self.pg.allgather([list(out.unbind(0))], [mine], AllgatherOptions()).wait()
-            return True
         except Exception as e:  # gloo / NCCL raise different types for a lost peer
             self.manager.report_error(e)
             out.copy_(mine.unsqueeze(0).expand_as(out))
-            return False
+        return None
 
-    def all_to_all_into(self, out: torch.Tensor, mine: torch.Tensor, out_splits: list[int] | None = None,
-                        in_splits: list[int] | None = None) -> bool:
+    def all_to_all(self, out: torch.Tensor, mine: torch.Tensor, out_splits: list[int] | None = None,
+                   in_splits: list[int] | None = None, *, timeout=None, what="an exchange") -> None:
         """``out``'s part ``r`` = replica r's part ``rank()`` of ``mine`` (dim 0; equal parts, or
         the given sizes). On a failure the Manager is told and ``out`` holds zeros (never applied)."""
         from torch.distributed.distributed_c10d import AllToAllOptions
 
         if not self.joined:
             out.zero_()
-            return False
+            return
         try:
             self.pg.alltoall_base(out, mine, out_splits or [], in_splits or [], AllToAllOptions()).wait()
-            return True
         except Exception as e:
             self.manager.report_error(e)
             out.zero_()
-            return False
 
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)

@@ -42,12 +42,11 @@ from flexdemo.compression.compressor import EXCHANGES, HostFlags, StartedExchang
 from flexdemo.compression.exchange import (
     NonFiniteError,
     check_replicate_group,
-    group_size,
-    is_elastic,
     nonfinite_flags,
     shard_group_of,
 )
 from flexdemo.local import local_tensor as _local
+from flexdemo.replica_group import ReplicaGroup, replica_group
 from flexdemo.optim.lookahead import LookaheadMixin
 from flexdemo.optim.overlap import OverlapMixin
 from flexdemo.wire.format import check_encoding
@@ -70,7 +69,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         compression_topk: int = 32,
         compression_chunk: int = 64,
         weight_decay: float = 0.0,
-        replicate_group: dist.ProcessGroup | None = None,
+        replicate_group: dist.ProcessGroup | ReplicaGroup | None = None,
         value_encoding: str = "sign",
         fused: bool = True,
         overlap: bool = False,
@@ -134,10 +133,9 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
                 group["compression_chunk"], group["weight_decay"],
             )
         self.value_encoding = value_encoding
-        self.replicate_group = replicate_group
-        self.replica_world_size = group_size(replicate_group)
-        check_replicate_group(self._trainable(), replicate_group, who="DeMo")
-        if overlap and is_elastic(replicate_group):
+        self.replicate_group = replica_group(replicate_group)
+        check_replicate_group(self._trainable(), self.replicate_group, who="DeMo")
+        if overlap and not self.replicate_group.membership_fixed:
             raise ValueError("DeMo: overlap leaves an exchange in flight across steps, and an elastic replica "
                              "group may change between them; turn overlap off with fault tolerance")
         self._shard_group = shard_group_of(self._trainable())
@@ -333,14 +331,15 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         replica ``sent`` that the owners dropped goes back into its momentum (times ``keep``: a
         skipped step gets all of it back from :meth:`_settle` instead)."""
         comp = self.compressor
-        if comp.sharded is not None and sent is None:
+        feedback = not comp.strategy.applies_all_sent  # the sharded owners drop some of what was sent
+        if feedback and sent is None:
             raise RuntimeError("DeMo: the sharded exchange's update needs what this replica sent")
         for i, b in enumerate(comp.buckets):
             idx, vals = comp.unpack(b, gathered)
             scale = scales[b.group_index] if scales is not None else 1.0
             comp.decode_sign_update(b, idx, vals, [_local(m.param) for m in b.members], lrs[b.group_index], scale,
                                     keep)
-            if comp.sharded is not None:
+            if feedback:
                 dropped = comp.dropped(b, idx, *sent[i])
                 comp.restore(b, sent[i][0], dropped if keep is None else dropped * keep,
                              [_local(self.state[m.param]["delta"]) for m in b.members])

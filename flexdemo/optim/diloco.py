@@ -72,11 +72,11 @@ from flexdemo.compression.exchange import (
     Traffic,
     check_replicate_group,
     distributed,
-    is_elastic,
     nonfinite_flags,
     shard_group_of,
 )
 from flexdemo.local import local_tensor
+from flexdemo.replica_group import replica_group
 from flexdemo.optim.diloco_args import WIRE_DTYPES, Compression, StateDevice, check_args
 from flexdemo.optim.diloco_dense import DENSE_BUCKET_ELEMENTS, dense_outer_exchange
 from flexdemo.optim.diloco_outer import OuterSGD
@@ -134,7 +134,7 @@ class DiLoCo:
         self.sync_interval = sync_interval
         self.outer_lr, self.outer_momentum, self.nesterov = float(outer_lr), float(outer_momentum), nesterov
         self.compression, self.value_encoding, self.decay = compression, value_encoding, float(decay)
-        self.replicate_group = replicate_group
+        self.replicate_group = replica_group(replicate_group)
         self.offload = state_device == "cpu"
         self.exchange_timeout = exchange_timeout
         self.nonfinite = nonfinite
@@ -149,7 +149,7 @@ class DiLoCo:
         if inner_optimizers is not None:
             self.set_inner_optimizers(inner_optimizers)
         self._shard_group = shard_group_of([p for _, p in named])
-        check_replicate_group([p for _, p in named], replicate_group, who="DiLoCo")
+        check_replicate_group([p for _, p in named], self.replicate_group, who="DiLoCo")
 
         self.entries = [new_entry(n, p, self.offload, self.outer_momentum > 0, compression == "topk")
                         for n, p in named]
@@ -166,7 +166,7 @@ class DiLoCo:
         # a replica that stops where the others skip would leave them waiting in the next exchange
         agree.update(nonfinite=nonfinite, max_consecutive_skips=str(max_consecutive_skips))
         if compression == "topk":
-            self.compressor = TopkCompressor([params], [chunk], [topk], value_encoding, replicate_group,
+            self.compressor = TopkCompressor([params], [chunk], [topk], value_encoding, self.replicate_group,
                                              fused=fused, kernel_precision=kernel_precision,
                                              timeout=exchange_timeout, who="DiLoCo", agree=agree,
                                              exchange=exchange, sharded_topk=sharded_topk,
@@ -174,8 +174,8 @@ class DiLoCo:
             self._member_entry = {id(e.param): e for e in self.entries}
         else:
             self.compressor = None
-            if distributed() and not is_elastic(replicate_group):  # elastic: checked at join instead
-                check_settings_agree("DiLoCo", {**agree, **dense_settings(params)}, replicate_group,
+            if distributed():  # a torchft group before its first quorum: this replica alone (join compares)
+                check_settings_agree("DiLoCo", {**agree, **dense_settings(params)}, self.replicate_group,
                                      _device_of(params))
 
     # -- state ------------------------------------------------------------------------------

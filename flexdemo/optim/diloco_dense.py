@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from flexdemo.compression.exchange import ExchangeTimer, Traffic, is_elastic, replica_mean
+from flexdemo.compression.exchange import ExchangeTimer, Traffic, replica_mean
 from flexdemo.local import local_tensor
 from flexdemo.optim.diloco_state import Entry
 
@@ -27,7 +27,9 @@ def dense_outer_exchange(
     True (a replica flagged: nothing applied), False (applied), or None (elastic, not committed:
     nothing applied). ``on_device(state, like)``: a state tensor where ``like`` lives."""
     traffic, timers = Traffic(), []
-    elastic = is_elastic(group)
+    # A fixed group's exchange that returned is committed: apply each bucket's mean as it comes
+    # (no second copy of the parameters). A torchft group commits after the last collective.
+    hold = not group.membership_fixed
     means, skip = [], False
     for i, bucket in enumerate(dense_buckets(entries)):
         device = local_tensor(bucket[0].param).device
@@ -51,11 +53,11 @@ def dense_outer_exchange(
         if flagged and mean[-1].item() > 0:  # some replica flagged: all skip, and send nothing more
             skip = True
             break
-        if elastic:
+        if hold:
             means.append((bucket, mean))
         else:
             apply(bucket, mean)
-    if elastic and not group.commit():
+    if hold and not group.commit():
         return traffic, None, timers
     for bucket, mean in [] if skip else means:
         apply(bucket, mean)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from flexdemo.compression.exchange import NonFiniteError, distributed, is_elastic
+from flexdemo.compression.exchange import NonFiniteError, distributed
 
 NAMES_SHOWN = 3  # parameters named per replica in a message
 
@@ -31,13 +31,12 @@ def replicas_that_saw_it(names: list[str], each: torch.Tensor, bad: bool, shard_
     """Replica -> the parameters (of ``names``, flagged in ``each``) that were non-finite there (on
     any of its shards), the same on every rank: the exchange's flags say only that some replica was."""
     mine = [name for name, flagged in zip(names, each.tolist()) if flagged]
-    if not distributed() or is_elastic(replicate_group):  # elastic: no object collectives; its own
-        return ({0 if replicate_group is None else replicate_group.rank(): mine} if bad else {})
-    if shard_group is not None:
+    if distributed() and shard_group is not None:
         order = {name: i for i, name in enumerate(names)}
         mine = sorted({n for theirs in _gather_objects(mine, shard_group) for n in theirs}, key=order.get)
-    flagged = _gather_objects((bad, mine), replicate_group)
-    return {replica: theirs for replica, (was_bad, theirs) in enumerate(flagged) if was_bad}
+    # (a torchft group has no object collective: there each replica reports only itself)
+    flagged = replicate_group.gather_objects((bad, mine))
+    return {replica: report[1] for replica, report in enumerate(flagged) if report is not None and report[0]}
 
 
 @torch.no_grad()

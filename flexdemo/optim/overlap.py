@@ -10,7 +10,6 @@ fixed shapes, so that a resumed run applies the same update (:meth:`pending_stat
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from flexdemo.compression.compressor import StartedExchange
 
@@ -38,7 +37,7 @@ class OverlapMixin:
         ``pending`` (0/1), every replica's ``bytes``, and the ``lrs`` (one per param group)
         its update is applied with."""
         groups = len(self.param_groups)
-        size = self.replica_world_size * self.compressor.nbytes
+        size = self.replicate_group.size() * self.compressor.nbytes
         if self._pending is not None and self.nonfinite == "skip" and any(self.compressor.flags(self._pending.result())):
             self.finish_pending()  # a skipped update: resolve it now (restores the momentum), nothing to carry
         if self._pending is None:
@@ -56,8 +55,8 @@ class OverlapMixin:
         if not int(state["pending"].item()):
             self._pending = None
             return
-        gathered = state["bytes"].to(self.compressor.device).view(self.replica_world_size, self.compressor.nbytes)
-        me = dist.get_rank(self.replicate_group) if self.replica_world_size > 1 else 0
+        gathered = state["bytes"].to(self.compressor.device).view(self.replicate_group.size(), self.compressor.nbytes)
+        me = self.replicate_group.rank()
         self._pending = StartedExchange(gathered, None, sent_row=gathered[me])
         self._pending_lrs = state["lrs"].tolist()
         self._restore_lookahead()

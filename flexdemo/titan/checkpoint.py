@@ -36,7 +36,6 @@ import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
-from flexdemo.compression.exchange import is_elastic
 
 FORMAT_PREFIX = "flexdemo.format["
 # Extra keys in the (flattened) optimizer state dict: the step count (the same on every rank)
@@ -190,12 +189,12 @@ class OptimizerCheckpoint:
     ``resume`` (until the checkpoint is loaded) maps the keys onto a saved one of another topology."""
 
     def __init__(self, format_key: str, resume: Resume | None, replica: int, per_replica_state: bool,
-                 replicate_group) -> None:
+                 job_replicas: int) -> None:
         self.format_key = format_key
         self.resume = resume
         self.replica = replica
         self.replica_prefix = replica_state_prefix(replica) if per_replica_state else None
-        self.replicate_group = replicate_group
+        self.job_replicas = job_replicas  # replicas in this job (an elastic replica's job holds one)
         # Byte totals differ per rank (uneven shards): one copy per rank.
         self.bytes_key = f"{BYTES_KEY}.rank{dist.get_rank() if dist.is_initialized() else 0}"
         self._resume_renames: dict[str, str] = {}
@@ -256,9 +255,7 @@ class OptimizerCheckpoint:
 
     def _log_resume(self) -> None:
         r = self.resume
-        # an elastic replica's checkpoint is its own job's: one replica
-        replicas = (1 if self.replicate_group is None or is_elastic(self.replicate_group)
-                    else dist.get_world_size(self.replicate_group))
+        replicas = self.job_replicas
         shards = world_size() // replicas
         if (r.replicas, r.shards) == (replicas, shards):
             return

@@ -133,7 +133,7 @@ def verify_identical(model_parts, group: ElasticGroup, step: int, outer=None) ->
                  for kind, t in (("global", e.global_copy), ("momentum", e.momentum)) if t is not None]
     hashes = torch.stack([tensor_hash(t, device) for _, t in named])
     everyone = torch.empty(group.size(), hashes.numel(), dtype=hashes.dtype, device=device)
-    group.all_gather_into(everyone, hashes)
+    group.all_gather(everyone, hashes)
     differ = [r for r in range(everyone.shape[0]) if not torch.equal(everyone[r], hashes)]
     mine = param_digest(hashes)
     logger.info(f"flexdemo: elastic step {step}: {group.size()} replicas took part, {what} digest {mine}"

@@ -35,7 +35,6 @@ from torchtitan.config.job_config import Optimizer as _TitanOptimizer
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
-from flexdemo.compression.exchange import is_elastic
 from flexdemo.compression.plan import describe_blocks
 from flexdemo.optim.diloco import DiLoCo
 
@@ -58,10 +57,14 @@ def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: Paral
     checkpoint = {
         "format_key": format_key(format_tag(cfg), replicas, shards),
         "resume": plan_resume(job_config, cfg, replicas, shards, FlexDemoConfigError),
+        "job_replicas": replicas,
     }
-    if elastic.enabled(job_config):  # replicas are separate jobs; torchft decides who takes part
+    # The one place the replica group is chosen: torchft's (replicas are separate jobs, the
+    # Lighthouse decides who takes part) or this job's dp_replicate group.
+    if elastic.enabled(job_config):
         group = elastic.elastic_group(job_config)
-        checkpoint["elastic_replica_id"] = job_config.fault_tolerance.replica_id
+        checkpoint["replica_index"] = job_config.fault_tolerance.replica_id  # stable whoever is alive
+        checkpoint["verify_replicas"] = elastic.verify_identical
     ignored = ignored_keys(job_config)
     if ignored:
         logger.warning(f"flexdemo: mode={cfg.mode} does not use {', '.join(ignored)} (set in the config; ignored)")
@@ -228,7 +231,9 @@ class FlexOptimizersContainer(OptimizersContainer):
         outer: DiLoCo | None = None,
         last_step: int | None = None,
         max_consecutive_skips: int = 0,
-        elastic_replica_id: int = 0,
+        job_replicas: int = 1,
+        replica_index: int | None = None,
+        verify_replicas=None,
     ) -> None:
         super().__init__(model_parts, optimizer_cls, optimizer_kwargs)
         self.outer = outer
@@ -238,16 +243,19 @@ class FlexOptimizersContainer(OptimizersContainer):
         self.replicate_group = replicate_group
         self.replica_check_interval = replica_check_interval
         self.replica_check_action = replica_check_action
-        # An elastic replica's place among the planned replicas is its replica_id: per-replica
-        # checkpoint keys stay its own whoever else is alive.
-        self.replica = (elastic_replica_id if is_elastic(replicate_group)
+        # This replica's place (its per-replica checkpoint keys): given (an elastic replica's
+        # replica_id), or its rank in the dp_replicate group.
+        self.replica = (replica_index if replica_index is not None
                         else dist.get_rank(replicate_group) if replicate_group is not None else 0)
+        # How replicas are checked identical: given (elastic: over this step's quorum), or the
+        # static check with its resync option (replicas.verify_or_resync).
+        self._verify_replicas = verify_replicas
         self.step_count = 0
         compressors = [getattr(o, "compressor", None) for o in self.optimizers]
         compressors.append(outer.compressor if outer is not None else None)
         fused_kernels = any(c is not None and c.uses_fused_kernels for c in compressors)
         self.checkpoint = OptimizerCheckpoint(format_key, resume, self.replica,
-                                              per_replica_state and replicate_group is not None, replicate_group)
+                                              per_replica_state and replicate_group is not None, job_replicas)
         self.meter = ExchangeMeter(self.optimizers, outer, modelled_bytes_per_step, fused_kernels)
         self.skips = SkippedUpdates(model_parts, self.optimizers, outer, self.replica, last_step,
                                     max_consecutive_skips)
@@ -292,8 +300,8 @@ class FlexOptimizersContainer(OptimizersContainer):
         ):
             shared = [t for e in self.outer.entries for t in (e.global_copy, e.momentum) if t is not None] \
                 if self.outer is not None else []
-            if is_elastic(self.replicate_group):  # no torch.distributed world across replicas
-                elastic.verify_identical(self.model_parts, self.replicate_group, self.step_count, self.outer)
+            if self._verify_replicas is not None:
+                self._verify_replicas(self.model_parts, self.replicate_group, self.step_count, self.outer)
                 return
             with self.consensus():
                 rep.verify_or_resync(self.model_parts, self.replicate_group, self.step_count,
