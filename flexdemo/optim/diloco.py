@@ -174,9 +174,10 @@ class DiLoCo:
             self._member_entry = {id(e.param): e for e in self.entries}
         else:
             self.compressor = None
-            if distributed():  # a torchft group before its first quorum: this replica alone (join compares)
-                check_settings_agree("DiLoCo", {**agree, **dense_settings(params)}, self.replicate_group,
-                                     _device_of(params))
+        # What replicas must share to decode alike: compared now, and by a joining elastic replica.
+        self.settings = self.compressor.settings if self.compressor is not None else {**agree, **dense_settings(params)}
+        if self.compressor is None and distributed():
+            check_settings_agree("DiLoCo", self.settings, self.replicate_group, _device_of(params))
 
     # -- state ------------------------------------------------------------------------------
 

@@ -85,7 +85,8 @@ def attach(trainer) -> None:
     """Let a rejoining replica heal from this one's state, and this one from a live peer's."""
     group, states = _GROUP, trainer.checkpointer.states
     container, outer = trainer.optimizers, trainer.optimizers.outer
-    settings = join_settings(trainer.job_config)
+    # the job's shared keys and install, and the very list the start-up agreement compares
+    settings = join_settings(trainer.job_config) + container.agreement_settings()
     replica_id = trainer.job_config.fault_tolerance.replica_id
 
     def state_dict():

@@ -326,6 +326,14 @@ class FlexOptimizersContainer(OptimizersContainer):
         if loaded.byte_totals is not None:
             self.meter.bytes_sent_total, self.meter.bytes_received_total = loaded.byte_totals
 
+    def agreement_settings(self) -> list[tuple[str, str]]:
+        """What the replicas' start-up agreement compared (every optimizer's and the outer step's
+        settings that change the decoded bits), for an elastic replica's join to compare alike."""
+        found = [(f"optimizer {i}", getattr(getattr(o, "compressor", None), "settings", None))
+                 for i, o in enumerate(self.optimizers)]
+        found.append(("outer step", self.outer.settings if self.outer is not None else None))
+        return [(f"{who}: {k}", str(v)) for who, settings in found if settings for k, v in settings.items()]
+
     def _overlapped(self):
         return [o for o in self.optimizers if getattr(o, "overlap", False)]
 
