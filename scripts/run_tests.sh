@@ -11,5 +11,5 @@ PY="${PYTHON:-python3}"
 status=0
 TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_codec.py tests/test_fused_grouped.py \
   tests/test_fused_optim.py tests/test_fused_overlap.py || status=1
-"$PY" -m pytest -q -p no:cacheprovider tests "$@" || status=1
+"$PY" -m pytest -q -p no:cacheprovider --durations=25 tests "$@" || status=1
 exit $status
