@@ -55,7 +55,7 @@ class ReferenceDiLoCo:
         elif self.encoding == "two_bit":
             val = reference_two_levels(val)
         elif self.encoding == "scaled_sign":
-            magnitude = val.abs().sum(-1, keepdim=True) / torch.tensor(ks, dtype=val.dtype).unsqueeze(-1)
+            magnitude = val.abs().sum(-1, keepdim=True) / torch.tensor(ks, dtype=val.dtype).reshape(*val.shape[:-1], 1)
             val = torch.where(val < 0, -magnitude, torch.where(val > 0, magnitude, 0.0))
         own = scatter_rows(coeffs, idx, val)
         ef.sub_(self.dct._decode(own, p.shape, ns, inv))

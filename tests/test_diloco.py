@@ -134,17 +134,9 @@ def test_topk_bytes_are_the_payload_formula():
     from flexdemo.wire.dct import block_layout
     from flexdemo.wire.format import payload_nbytes
 
-    expected = 0
-    buckets = {}
-    for s in SHAPES:  # tensors of one block shape share a bit stream
-        L = block_layout(s, 64)
-        key = (L.n1, L.n2, min(8, L.block_numel))
-        buckets[key] = buckets.get(key, 0) + L.num_blocks
-    for (n1, n2, k), blocks in buckets.items():
-        voter_counts = math.ceil(blocks * k.bit_length() / 8)  # 0..k voters per block: bits_for(k + 1)
-        expected += (math.ceil(blocks * k * (n1 * n2 - 1).bit_length() / 8) + math.ceil(blocks * k / 8)
-                     + voter_counts + 4 * blocks)
-    expected += 1  # the flag byte
+    from reference_demo import reference_payload_nbytes
+
+    expected = reference_payload_nbytes(SHAPES, 8, 64, "scaled_sign")  # the format written out independently
     assert expected < sum(payload_nbytes(block_layout(s, 64), 8, "fp32") for s in SHAPES)
     for traffic, nbytes in run_ranks(_payload_bytes, 2):
         assert traffic.sent == nbytes == expected and traffic.received == expected
@@ -286,7 +278,9 @@ def _all_coefficients_vs_dense(rank, world):
     # Keeping every DCT coefficient in fp32 sends the whole pseudo-gradient: the compressed
     # outer step must then equal the dense one up to the DCT's rounding.
     results = []
-    for kw in (dict(compression="dense"), dict(compression="topk", topk=64 * 64, decay=0.0)):
+    # top-k counts per full 64 x 64 block and is scaled by each block's share, clamped to its
+    # coefficients: a top-k this large keeps every coefficient of every block, partial ones too
+    for kw in (dict(compression="dense"), dict(compression="topk", topk=1 << 24, decay=0.0)):
         params = make_params()
         inner = torch.optim.AdamW(params, lr=1e-2)
         outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, value_encoding="fp32",
