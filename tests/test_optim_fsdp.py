@@ -8,7 +8,7 @@ from torch.distributed.tensor import DTensor
 
 from flexdemo import DeMo
 from multiproc import run_ranks
-from reference_demo import ReferenceDeMo
+from reference_demo import ReferenceDeMo, agrees_then_realign
 
 
 def _mesh(replicate, shard):
@@ -106,7 +106,11 @@ def _uneven_vs_reference(rank, world, steps):
             rp.grad = params[i].grad.to_local().clone()
         opt.step()
         reference.step()
-        mismatches += sum(not torch.equal(params[i].to_local(), rp) for i, rp in zip(nonempty, ref_params))
+        # One kept coefficient per small block (top-4 of a 64 x 64 block, scaled to its share)
+        # decodes to cosines that are exactly zero at some elements in exact arithmetic; there each
+        # implementation takes the sign of its own rounding: only those may differ.
+        ours = [params[i].to_local() for i in nonempty]
+        mismatches += not agrees_then_realign(ours, ref_params, reference.last_decoded)
     full = [p.full_tensor() for p in params]
     return shapes, mismatches, [f.sum().item() for f in full]
 
