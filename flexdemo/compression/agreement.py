@@ -131,7 +131,7 @@ def compressor_settings(buckets, entries, encoding: str, kernel_precision: str,
                 plural = "s" if layout.num_blocks != 1 else ""
                 where += f": {layout.num_blocks} block{plural} of {layout.n1}x{layout.n2}, top-{k}"
                 if per_block is not None:
-                    where += f" (partial blocks top-{'/'.join(map(str, sorted(set(per_block) - {k})))})"
+                    where += f" (partial blocks top-{'/'.join(map(str, sorted(set(per_block.per_block) - {k})))})"
             else:
                 where += ": sends nothing"
             settings[f"parameter {index}"] = where

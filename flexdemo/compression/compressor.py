@@ -232,7 +232,7 @@ class TopkCompressor:
         if len(accs) != len(chosen):
             raise ValueError(f"select: {len(accs)} accumulators for {len(chosen)} members")
         incs = incs if incs is not None else [None] * len(accs)
-        row_ks = [m.row_k(self.device) for m in chosen] if bucket.ragged else None
+        row_ks = [m.per_block.per_block_on(self.device) for m in chosen] if bucket.ragged else None
         return bucket.path.encode(accs, incs, scale, decay, [m.layout for m in chosen], bucket.k, skip_incs, row_ks)
 
     def pack(self, bucket: Bucket, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:

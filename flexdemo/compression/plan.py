@@ -23,17 +23,7 @@ class Member:
     param: torch.Tensor
     layout: BlockLayout
     first_block: int  # row of this tensor's first block within the bucket
-    per_block: tuple[int, ...] | None = None  # each block's top-k where they differ, else None
-    _row_k: dict = field(default_factory=dict, repr=False)
-
-    def row_k(self, device: torch.device) -> torch.Tensor | None:
-        """Each block's top-k on ``device`` (made once), or None when every block keeps the bucket's k."""
-        if self.per_block is None:
-            return None
-        device = torch.device(device)
-        if device not in self._row_k:
-            self._row_k[device] = torch.tensor(self.per_block, dtype=torch.long, device=device)
-        return self._row_k[device]
+    per_block: BlockTopks | None = None  # each block's top-k where they differ, else None
 
 
 @dataclass
@@ -95,13 +85,13 @@ def build_plan(
             if bucket is None:
                 bucket = buckets[key] = Bucket(g, layout.n1, layout.n2, k, dtype, index_coding=index_coding,
                                                topk=int(topks[g]))
-            bucket.members.append(Member(param, layout, bucket.num_blocks, per_block))
+            bucket.members.append(Member(param, layout, bucket.num_blocks, per_block and BlockTopks(per_block)))
             bucket.num_blocks += layout.num_blocks
     offset = 0
     ordered = list(buckets.values())
     for bucket in ordered:
         if bucket.members[0].per_block is not None:
-            bucket.per_block = BlockTopks(tuple(k for m in bucket.members for k in m.per_block))
+            bucket.per_block = BlockTopks(tuple(k for m in bucket.members for k in m.per_block.per_block))
         bucket.byte_offset = offset
         offset += bucket.nbytes(encoding)
     return ordered, offset

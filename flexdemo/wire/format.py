@@ -105,9 +105,9 @@ def block_topk(topk: int, area: int, chunk: int, block_numel: int) -> int:
 def block_topks(layout: BlockLayout, topk: int) -> tuple[int, tuple[int, ...] | None]:
     """``(k, per_block)``: the top-k of ``layout``'s largest blocks, and each block's own top-k
     in block order when they differ (partial edge blocks), else None."""
+    if not layout.padded or not layout.numel:  # every block full-sized: one k (no per-block list)
+        return block_topk(topk, layout.block_numel, layout.chunk, layout.block_numel), None
     areas = layout.block_areas()
-    if not areas:
-        return clamp_topk(topk, layout.block_numel), None
     ks = tuple(block_topk(topk, a, layout.chunk, layout.block_numel) for a in areas)
     k = max(ks)
     return k, (ks if min(ks) != k else None)
