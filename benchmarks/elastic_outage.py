@@ -32,7 +32,7 @@ Every replica logs every step (``--metrics.log_freq 1``). From the logs:
   in [S, K + --margin]) and at the rejoin (the slowest in [H, H + --margin]), each a step and
   its seconds.
 - whether the restarted replica's params digest equals replica 0's at every step it logged one
-  (the ``flexdemo: elastic step S: N replicas took part, params digest D`` lines, every
+  (the ``flexdemo: replica check at step S: N replicas identical (local param digest D)`` lines, every
   ``replica_check_interval`` steps), and the other survivors' too.
 - the held-out loss (torchtitan's validator) at the last step, outage vs uninterrupted.
 
@@ -62,7 +62,7 @@ from ports import free_port  # noqa: E402
 from process_tree import kill_tree  # noqa: E402
 from titan_logs import ANSI, RunLog, parse  # noqa: E402
 
-DIGEST = re.compile(r"elastic step (\d+): (\d+) replicas took part, params digest (\w+)")
+DIGEST = re.compile(r"replica check at step (\d+): (\d+) replicas identical \(local (?:param|global copy) digest (\w+)\)")
 HEALED = re.compile(r"elastic replica healed from a live peer at step (\d+)")
 QUORUM_CHANGE = re.compile(r"Detected quorum change")
 

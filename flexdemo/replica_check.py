@@ -1,4 +1,5 @@
-"""Cheap check that parameters are bit-identical across the replica group.
+"""Cheap check that replicas are bit-identical: one set of tensors (:func:`shared_tensors`),
+one hash, over any replica group (fixed or elastic).
 
 Each rank hashes the raw bits of its local shards (one int64 per tensor), the hashes are
 all-gathered over the replica group, and the first tensor whose hashes differ is named.
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from flexdemo.local import local_tensor
-from flexdemo.replica_group import all_gather_flat
+from flexdemo.replica_group import replica_group
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK = 1 << 22  # elements hashed at a time, to bound the temporary memory
@@ -23,10 +24,10 @@ _CHUNK = 1 << 22  # elements hashed at a time, to bound the temporary memory
 class ReplicaMismatchError(RuntimeError):
     """Replicas that must be bit-identical are not."""
 
-    def __init__(self, name: str, ranks: list[int]):
+    def __init__(self, name: str, ranks: list[int], unit: str = "ranks"):
         self.name = name
         self.ranks = ranks
-        where = f"between ranks {ranks}" if ranks else "in another replicate group"
+        where = f"between {unit} {ranks}" if ranks else "in another replicate group"
         super().__init__(f"replicas diverged: parameter {name!r} differs {where}; stopping")
 
 
@@ -51,28 +52,39 @@ def tensor_hash(t: torch.Tensor, device: torch.device | None = None) -> torch.Te
     return total + flat.numel()
 
 
+def shared_tensors(named_params: Iterable[tuple[str, torch.Tensor]], outer=None) -> list[tuple[str, torch.Tensor]]:
+    """The one set of tensors every replica must hold bit-identically, over a fixed group and an
+    elastic one alike: the parameters' local shards, or with a DiLoCo ``outer`` step the global
+    copy and the outer momentum (the parameters equal the global copy right after a committed
+    outer step, and are each replica's own after one that was not)."""
+    if outer is None:
+        return list(named_params)
+    return [(f"{kind}.{e.name}", t) for e in outer.entries
+            for kind, t in (("global", e.global_copy), ("momentum", e.momentum)) if t is not None]
+
+
 def check_replicas_identical(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
-    group: dist.ProcessGroup | None = None,
+    group=None,
     world_group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor | None:
-    """Raise :class:`ReplicaMismatchError` naming the first tensor that differs across ``group``.
+    """Raise :class:`ReplicaMismatchError` naming the first tensor that differs across ``group``
+    (a ReplicaGroup, fixed or elastic, or a process group; None: the whole world).
 
-    Every rank of ``world_group`` (default: the whole world) must call this with its own
-    tensors in the same order; all of them raise, or none does. Returns this rank's
-    per-tensor hashes (int64, one per tensor; None without a process group or tensors).
+    Every rank of ``world_group`` (default: the whole world; an elastic replica's own job) must
+    call this with its own tensors in the same order; all of them raise, or none does. Returns
+    this rank's per-tensor hashes (int64, one per tensor; None without a process group or tensors).
     """
     named = list(named_tensors)
     if not dist.is_initialized() or not named:
         return None
+    group = replica_group(group)
     device = local_tensor(named[0][1]).device
     # On the first tensor's device (the GPU): host tensors such as DiLoCo's offloaded state are
     # hashed there too: on an H100 host ~50x faster than by 16 CPU threads (docs/results/replica_check_h100).
     hashes = torch.stack([tensor_hash(t, device) for _, t in named])
-    size = dist.get_world_size(group)
-    gathered = torch.empty(size * len(named), dtype=torch.int64, device=device)
-    all_gather_flat(gathered, hashes, group=group)
-    gathered = gathered.view(size, len(named))
+    gathered = torch.empty(group.size(), len(named), dtype=torch.int64, device=device)
+    group.all_gather(gathered, hashes, what="the replica check")
     differs = (gathered != gathered[0]).any(0)
     first_bad = int(differs.nonzero()[0]) if bool(differs.any()) else len(named)
 
@@ -81,7 +93,11 @@ def check_replicas_identical(
     dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=world_group)
     first_bad = int(verdict.item())
     if first_bad < len(named):
-        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-        bad_ranks = [ranks[r] for r in range(size) if gathered[r, first_bad] != gathered[0, first_bad]]
-        raise ReplicaMismatchError(named[first_bad][0], [ranks[0]] + bad_ranks if bad_ranks else [])
+        # World ranks over a fixed group; over an elastic one (its members are other jobs) the
+        # members' places in this step's quorum.
+        ranks, unit = group.global_ranks(), "ranks"
+        if len(ranks) != group.size():
+            ranks, unit = list(range(group.size())), "replicas of this step's quorum"
+        bad = [ranks[r] for r in range(len(ranks)) if gathered[r, first_bad] != gathered[0, first_bad]]
+        raise ReplicaMismatchError(named[first_bad][0], [ranks[0]] + bad if bad else [], unit)
     return hashes

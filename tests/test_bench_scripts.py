@@ -354,7 +354,8 @@ def test_elastic_outage_puts_the_stall_at_the_kill_in_during(tmp_path):
     def parts(s):
         return R if s < 103 or s >= H else R - 1
 
-    digest = [f"flexdemo: elastic step {s}: 4 replicas took part, params digest abc{s}" for s in (250, 300)]
+    digest = [f"flexdemo: replica check at step {s}: 4 replicas identical (local param digest abc{s})"
+              for s in (250, 300)]
     end = _elastic_log(work / "outage" / "replica0.log", range(1, N + 1), sec, tps, parts, digest)
     _elastic_log(work / "outage" / "replica1.log", range(1, 101), lambda s: normal, lambda s: 81920)
     _elastic_log(work / "outage" / "replica1_restarted.log", [], lambda s: normal, lambda s: 81920,

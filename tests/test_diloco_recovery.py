@@ -86,7 +86,7 @@ def _recovery(rank, world, compression, encoding):
             "who": outer.last_skipped_by,
             "same_as_fresh": same_as_fresh,
         })
-    return out, outer.skipped_syncs, outer.consecutive_skips
+    return out, outer.skips.total, len(outer.skips.in_a_row)
 
 
 @pytest.mark.parametrize("compression,encoding", MODES)

@@ -24,7 +24,7 @@ XCHG_RE = re.compile(
     r"flexdemo step:\s*(\d+)\s+sent_bytes: (\d+)\s+received_bytes: (\d+)\s+"
     r"sent_bytes_total: (\d+)\s+received_bytes_total: (\d+)"
 )
-DIGEST_RE = re.compile(r"replicas identical at step (\d+) \(local param digest (\w+)\)")
+DIGEST_RE = re.compile(r"replica check at step (\d+): \d+ replicas identical \(local (?:param|global copy) digest (\w+)\)")
 
 
 @dataclass

@@ -91,6 +91,7 @@ from flexdemo.optim.diloco_state import (
 )
 from flexdemo.optim.nonfinite import (
     RepeatedSkipsError,
+    SkipStreak,
     describe_nonfinite,
     replicas_that_saw_it,
     reset_optimizer_state,
@@ -141,9 +142,7 @@ class DiLoCo:
         self.last_sync_skipped = False
         self.last_sync_committed = True  # False: an elastic exchange failed; the cycle goes on
         self.failed_syncs = 0  # such outer steps since this object was built
-        self.max_consecutive_skips = max_consecutive_skips
-        self.skipped_syncs = 0  # discarded cycles since this object was built
-        self.consecutive_skips = 0
+        self.skips = SkipStreak(max_consecutive_skips)  # discarded cycles: in all, and in a row
         self.last_skipped_by: dict[int, list[str]] = {}  # of the last discarded cycle: replica -> names
         self.inner_optimizers: list[torch.optim.Optimizer] | None = None
         if inner_optimizers is not None:
@@ -239,7 +238,8 @@ class DiLoCo:
         elif skip:
             self._discard_cycle(bad, each)
         else:
-            self.consecutive_skips, self.last_skipped_by = 0, {}
+            self.last_skipped_by = {}
+            self.skips.applied()
         self.last_sync_committed = skip is not None
         if self.offload and self.entries and local_tensor(self.entries[0].param).is_cuda:
             torch.cuda.current_stream().synchronize()  # host copies complete before anyone reads them
@@ -262,14 +262,13 @@ class DiLoCo:
         for e in self.entries:
             local_tensor(e.param).copy_(self._on_device(e.global_copy, local_tensor(e.param)))
         reset_optimizer_state(self.inner_optimizers)
-        self.skipped_syncs += 1
-        self.consecutive_skips += 1
+        self.skips.skipped(self.outer_steps, self.last_skipped_by)
 
     def _stop_if_repeated(self) -> None:
-        limit = self.max_consecutive_skips
-        if limit and self.consecutive_skips >= limit:
+        if self.skips.over_limit:
             raise RepeatedSkipsError(
-                f"DiLoCo: {self.consecutive_skips} outer steps in a row skipped (max_consecutive_skips = {limit}), "
+                f"DiLoCo: {len(self.skips.in_a_row)} outer steps in a row skipped "
+                f"(max_consecutive_skips = {self.skips.limit}), "
                 f"the last for non-finite parameters on {describe_nonfinite(self.last_skipped_by)}: the fault "
                 "repeats every cycle (bad data? an inner lr that diverges?); stopping"
             )

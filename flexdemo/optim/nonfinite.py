@@ -1,5 +1,7 @@
-"""DiLoCo's reports of a discarded (non-finite) cycle: who saw it, said alike on every rank, the
-reset of the inner optimizers' state, and :class:`RepeatedSkipsError` when it keeps happening."""
+"""Updates skipped for non-finite values: who saw them (said alike on every rank), the one counter
+of skips in a row (:class:`SkipStreak`, for DeMo's steps and DiLoCo's outer steps alike) and
+:class:`RepeatedSkipsError` when they keep happening, and the reset of the inner optimizers' state
+after DiLoCo discards a cycle."""
 
 from __future__ import annotations
 
@@ -14,6 +16,32 @@ NAMES_SHOWN = 3  # parameters named per replica in a message
 class RepeatedSkipsError(NonFiniteError):
     """``max_consecutive_skips`` updates in a row were skipped for non-finite values: raised on
     every rank alike, naming the replicas and parameters."""
+
+
+class SkipStreak:
+    """The updates skipped so far and the ones in a row: ``limit`` (``max_consecutive_skips``; 0:
+    never) in a row make :meth:`over_limit` true. Every rank records the same skips in the same
+    order (the skips are agreed), so all of them stop at the same update."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self.in_a_row: list[tuple[int, dict[int, list[str]]]] = []  # (update, replica -> names)
+
+    def skipped(self, at: int, who: dict[int, list[str]]) -> None:
+        self.total += 1
+        self.in_a_row.append((at, who))
+
+    def applied(self) -> None:
+        self.in_a_row = []
+
+    @property
+    def over_limit(self) -> bool:
+        return bool(self.limit) and len(self.in_a_row) >= self.limit
+
+    def replicas(self) -> list[int]:
+        """The replicas that flagged any skip of the current streak."""
+        return sorted({r for _, who in self.in_a_row for r in who})
 
 
 def describe_nonfinite(who: dict[int, list[str]]) -> str:

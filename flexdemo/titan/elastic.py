@@ -39,9 +39,7 @@ from torchtitan.tools.logging import logger
 
 from flexdemo.compression.agreement import first_difference
 from flexdemo.elastic.group import LIGHTHOUSE_ENV, ElasticGroup, ElasticJoinError
-from flexdemo.replica_check import tensor_hash
 
-from .replicas import ReplicaSyncError, local_named_params, param_digest
 
 ELASTIC_MODES = ("demo", "diloco", "demo_diloco")  # "off" is HSDP: FSDP's all-reduce spans the replicas
 
@@ -116,35 +114,6 @@ def attach(trainer) -> None:
     group.manager.register_state_dict_fn("flexdemo", load_state_dict, state_dict)
 
 
-@torch.no_grad()
-def verify_identical(model_parts, group: ElasticGroup, step: int, outer=None) -> str:
-    """Every replica of this step's quorum holds the same parameters (same shard index), or in
-    the DiLoCo modes (``outer``) the same global copy and outer momentum (what they share, also
-    after an outer step that was not committed): per tensor an int64 hash of its bits, computed
-    on the parameters' device (flexdemo.replica_check), one all_gather of them there (NCCL takes
-    device tensors only). Returns their 16-hex-digit digest; raises ReplicaSyncError naming who
-    differs."""
-    params = list(local_named_params(model_parts))
-    device = params[0][1].device if params else torch.device("cpu")
-    if outer is None:
-        what, named = "params", params
-    else:
-        what = "global copy"
-        named = [(f"{kind}.{e.name}", t) for e in outer.entries
-                 for kind, t in (("global", e.global_copy), ("momentum", e.momentum)) if t is not None]
-    hashes = torch.stack([tensor_hash(t, device) for _, t in named])
-    everyone = torch.empty(group.size(), hashes.numel(), dtype=hashes.dtype, device=device)
-    group.all_gather(everyone, hashes)
-    differ = [r for r in range(everyone.shape[0]) if not torch.equal(everyone[r], hashes)]
-    mine = param_digest(hashes)
-    logger.info(f"flexdemo: elastic step {step}: {group.size()} replicas took part, {what} digest {mine}"
-                + (f", replicas {differ} differ" if differ else ""))
-    if differ:
-        raise ReplicaSyncError(f"elastic replicas {differ} of this step's quorum hold a different {what} than "
-                               f"replica {group.rank()} at step {step}")
-    return mine
-
-
 # -- the checks of [fault_tolerance] ---------------------------------------------------------
 
 def check_elastic(job_config, fail) -> None:
@@ -168,6 +137,10 @@ def check_elastic(job_config, fail) -> None:
         fail(f"fault_tolerance.min_replica_size={ft.min_replica_size}: need 1 <= it <= group_size={ft.group_size}")
     if ft.process_group not in ("gloo", "nccl"):
         fail(f"fault_tolerance.process_group={ft.process_group!r}; expected 'gloo' or 'nccl'")
+    if c.replica_check_action == "resync":
+        fail("fault_tolerance.enable with flexdemo.replica_check_action = \"resync\": elastic replicas heal from "
+             "a live peer through torchft, not by a broadcast; use \"stop\" (a replica that differs stops and "
+             "rejoins healed)")
     if c.overlap:
         fail("fault_tolerance.enable with flexdemo.overlap: an exchange left in flight cannot cross a change "
              "of the replicas taking part; turn overlap off")

@@ -41,7 +41,7 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
 from flexdemo.local import local_tensor
-from flexdemo.optim.diloco import RepeatedSkipsError, describe_nonfinite
+from flexdemo.optim.nonfinite import RepeatedSkipsError, SkipStreak, describe_nonfinite
 
 from .config import replica_local_loss
 
@@ -150,22 +150,22 @@ def modelled_hsdp_allreduce_bytes(model_parts, parallel_dims: ParallelDims, redu
 
 class SkippedUpdates:
     """Logs, counts and (``max_consecutive_skips``) stops on the updates that the optimizers of
-    ``model_parts`` (or the DiLoCo ``outer`` step) skipped for non-finite values."""
+    ``model_parts`` (or the DiLoCo ``outer`` step) skipped for non-finite values. The count is one
+    :class:`SkipStreak`: DiLoCo's own in its modes (outer steps; it stops the run itself), else
+    one of steps."""
 
     def __init__(self, model_parts, optimizers, outer, replica: int, last_step: int | None,
                  max_consecutive_skips: int) -> None:
         self.model_parts, self.optimizers, self.outer, self.replica = model_parts, optimizers, outer, replica
         self.last_step = last_step
-        self.max_consecutive_skips = max_consecutive_skips
-        self.total = 0  # per-step mode: skipped steps learned of so far
-        self._to_count: dict[int, set[int]] = {}  # skipped steps beyond the counted ones
-        self.counted_through = 0  # every step up to this one is in the streak below
-        self._streak: list[tuple[int, set[int]]] = []  # (step, replicas) of the last skips in a row
+        self.streak = outer.skips if outer is not None else SkipStreak(max_consecutive_skips)
+        self._to_count: dict[int, set[int]] = {}  # skipped steps learned of, beyond the counted ones
+        self.counted_through = 0  # every step up to this one is in the streak
 
     @property
     def count(self) -> int:
-        """Updates skipped so far: steps (mode demo), or outer steps (DiLoCo modes: DiLoCo counts them)."""
-        return self.outer.skipped_syncs if self.outer is not None else self.total
+        """Updates skipped so far: steps (mode demo), or outer steps (DiLoCo modes)."""
+        return self.streak.total + len(self._to_count)
 
     def after_step(self, step: int) -> None:
         """Report what step ``step`` (just run) and the steps before it were found to have skipped."""
@@ -180,51 +180,50 @@ class SkippedUpdates:
             elif getattr(o, "last_step_skipped_by", []):
                 skipped.setdefault(step, set()).update(o.last_step_skipped_by)
         for ran, replicas in sorted(skipped.items()):
-            self.total += 1
+            self._to_count[ran] = replicas
             logger.warning(f"flexdemo: step {ran}'s update skipped on every replica: a non-finite "
-                           f"gradient on replica(s) {sorted(replicas)} ({self.total} skipped so far)")
-        self._to_count.update(skipped)
+                           f"gradient on replica(s) {sorted(replicas)} ({self.count} skipped so far)")
         # After step t every rank knows of every skipped step up to t - 1 (DeMo reads a step's
         # flags when the next one starts), of step t only maybe: counting up to t - 1 makes all
         # ranks stop at the same step (one stopping earlier would leave the others waiting in
         # the next exchange). The run's last step waited for its own flags.
-        self._count_consecutive_skips(step if last else step - 1, step)
-        if self.outer is not None and self.outer.last_sync_skipped and self.outer.inner_steps == 0:
+        if self.outer is None:
+            self._count_through(step if last else step - 1, step)
+        elif self.outer.last_sync_skipped and self.outer.inner_steps == 0:
             self._report_discarded_cycle(step)
 
     def _report_discarded_cycle(self, step: int) -> None:
         o = self.outer
         logger.warning(
-            f"flexdemo: outer step after step {step} skipped on every replica ({o.skipped_syncs} "
-            f"skipped so far, {o.consecutive_skips} in a row): non-finite parameters on "
+            f"flexdemo: outer step after step {step} skipped on every replica ({self.streak.total} "
+            f"skipped so far, {len(self.streak.in_a_row)} in a row): non-finite parameters on "
             f"{describe_nonfinite(o.last_skipped_by)}; every replica restarts from the global copy "
             "with a fresh inner optimizer state"
         )
 
-    def _count_consecutive_skips(self, through: int, step: int) -> None:
+    def _count_through(self, through: int, step: int) -> None:
         for counted in range(self.counted_through + 1, through + 1):
             replicas = self._to_count.pop(counted, None)
             if replicas is None:
-                self._streak = []
+                self.streak.applied()
             else:
-                self._streak.append((counted, replicas))
+                self.streak.skipped(counted, {r: [] for r in replicas})
         self.counted_through = max(self.counted_through, through)
-        limit = self.max_consecutive_skips
-        if limit and len(self._streak) >= limit:
+        if self.streak.over_limit:
             self._stop_repeated_skips(step)
 
     def _stop_repeated_skips(self, step: int) -> None:
         """Raise on every rank (all reach this at the same step) naming the replicas that flagged
         the skipped steps and, where this step's gradients are non-finite again, the parameters."""
-        first, last = self._streak[0][0], self._streak[-1][0]
-        replicas = sorted(set().union(*(r for _, r in self._streak)))
+        streak = self.streak.in_a_row
+        first, last = streak[0][0], streak[-1][0]
         who = self._nonfinite_gradients()
         now = (f"; at step {step} non-finite gradients on {describe_nonfinite(who)}" if who
                else f"; step {step}'s gradients are finite")
         raise RepeatedSkipsError(
-            f"flexdemo: {len(self._streak)} steps in a row ({first}..{last}) skipped on every replica "
-            f"(max_consecutive_skips = {self.max_consecutive_skips}): a non-finite gradient on replica(s) "
-            f"{replicas}{now}; the fault repeats (bad data? a diverging lr?): stopping"
+            f"flexdemo: {len(streak)} steps in a row ({first}..{last}) skipped on every replica "
+            f"(max_consecutive_skips = {self.streak.limit}): a non-finite gradient on replica(s) "
+            f"{self.streak.replicas()}{now}; the fault repeats (bad data? a diverging lr?): stopping"
         )
 
     def _nonfinite_gradients(self) -> dict[int, list[str]]:

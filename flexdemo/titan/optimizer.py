@@ -64,7 +64,6 @@ def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: Paral
     if elastic.enabled(job_config):
         group = elastic.elastic_group(job_config)
         checkpoint["replica_index"] = job_config.fault_tolerance.replica_id  # stable whoever is alive
-        checkpoint["verify_replicas"] = elastic.verify_identical
     ignored = ignored_keys(job_config)
     if ignored:
         logger.warning(f"flexdemo: mode={cfg.mode} does not use {', '.join(ignored)} (set in the config; ignored)")
@@ -233,7 +232,6 @@ class FlexOptimizersContainer(OptimizersContainer):
         max_consecutive_skips: int = 0,
         job_replicas: int = 1,
         replica_index: int | None = None,
-        verify_replicas=None,
     ) -> None:
         super().__init__(model_parts, optimizer_cls, optimizer_kwargs)
         self.outer = outer
@@ -247,9 +245,6 @@ class FlexOptimizersContainer(OptimizersContainer):
         # replica_id), or its rank in the dp_replicate group.
         self.replica = (replica_index if replica_index is not None
                         else dist.get_rank(replicate_group) if replicate_group is not None else 0)
-        # How replicas are checked identical: given (elastic: over this step's quorum), or the
-        # static check with its resync option (replicas.verify_or_resync).
-        self._verify_replicas = verify_replicas
         self.step_count = 0
         compressors = [getattr(o, "compressor", None) for o in self.optimizers]
         compressors.append(outer.compressor if outer is not None else None)
@@ -298,14 +293,9 @@ class FlexOptimizersContainer(OptimizersContainer):
             and self.replica_check_interval
             and self.step_count % self.replica_check_interval == 0
         ):
-            shared = [t for e in self.outer.entries for t in (e.global_copy, e.momentum) if t is not None] \
-                if self.outer is not None else []
-            if self._verify_replicas is not None:
-                self._verify_replicas(self.model_parts, self.replicate_group, self.step_count, self.outer)
-                return
             with self.consensus():
                 rep.verify_or_resync(self.model_parts, self.replicate_group, self.step_count,
-                                     self.replica_check_action, shared)
+                                     self.replica_check_action, self.outer)
 
     def exchange_stats(self) -> dict[str, float]:
         """This rank's replica-exchange numbers, for the metrics processor (metrics.ExchangeMeter)."""

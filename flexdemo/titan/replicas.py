@@ -1,7 +1,7 @@
 """Keeping replicas identical over a fixed replica group (``dp_replicate``): the start-up sync
 (``[flexdemo] init_sync``, called by parallelize once the weights exist), the periodic check and
 resync (``replica_check_interval`` / ``replica_check_action``, called by the optimizers container),
-and the digests logged with them. Elastic replicas check theirs in flexdemo.titan.elastic."""
+and the digests logged with them. Elastic replicas take the same check over torchft's group."""
 
 import hashlib
 from collections.abc import Iterator
@@ -12,6 +12,8 @@ import torch.nn as nn
 from torchtitan.tools.logging import logger
 
 from flexdemo.local import local_tensor
+from flexdemo.replica_check import ReplicaMismatchError, check_replicas_identical, shared_tensors
+from flexdemo.replica_group import replica_group
 
 
 def replicate_group(parallel_dims) -> dist.ProcessGroup | None:
@@ -59,37 +61,38 @@ def start_identical(model_parts: list[nn.Module], group: dist.ProcessGroup | Non
 
 
 @torch.no_grad()
-def verify_or_resync(model_parts: list[nn.Module], group: dist.ProcessGroup, step: int, action: str,
-                     shared_state=()) -> bool:
-    """:func:`verify_identical`; on a mismatch with ``action="resync"`` every replica takes replica
-    0's parameters (and ``shared_state``, tensors every replica must hold alike, such as the
-    DiLoCo global copy) and training goes on, logged. Returns whether it re-synced."""
+def verify_or_resync(model_parts: list[nn.Module], group, step: int, action: str, outer=None) -> bool:
+    """:func:`verify_identical`; on a mismatch with ``action="resync"`` (a fixed group only) every
+    replica takes replica 0's parameters (and the DiLoCo ``outer`` step's global copy and momentum)
+    and training goes on, logged. Returns whether it re-synced."""
     try:
-        verify_identical(model_parts, group, step)
+        verify_identical(model_parts, group, step, outer)
         return False
     except ReplicaSyncError:
         if action != "resync":
             raise
-    broadcast_from_replica0(model_parts, group)
-    for t in shared_state:
-        dist.broadcast(local_tensor(t), group=group, group_src=0)
+    process_group = replica_group(group).process_group  # config validation: resync needs a fixed group
+    broadcast_from_replica0(model_parts, process_group)
+    for _, t in shared_tensors([], outer) if outer is not None else []:
+        dist.broadcast(local_tensor(t), group=process_group, group_src=0)
     logger.warning(f"flexdemo: replicas differed at step {step}; every replica re-synced from replica 0, going on")
-    verify_identical(model_parts, group, step)
+    verify_identical(model_parts, group, step, outer)
     return True
 
 
-def verify_identical(model_parts: list[nn.Module], group: dist.ProcessGroup, step: int) -> None:
-    """flexdemo.replica_check over the replica group (it agrees world-wide, so every
-    rank raises together); log the verdict and stop training on a mismatch."""
-    from flexdemo.replica_check import ReplicaMismatchError, check_replicas_identical
-
+def verify_identical(model_parts: list[nn.Module], group, step: int, outer=None) -> str:
+    """flexdemo.replica_check over the replica group, fixed or elastic (it agrees over this job's
+    world, so every rank raises together), on its one set of tensors: the parameters, or the
+    DiLoCo ``outer`` step's global copy and momentum. Logs the verdict and the digest of this
+    rank's hashes (compare it across replicas in the logs); stops training on a mismatch."""
+    what = "param" if outer is None else "global copy"
     try:
-        hashes = check_replicas_identical(local_named_params(model_parts), group)
+        hashes = check_replicas_identical(shared_tensors(local_named_params(model_parts), outer), group)
     except ReplicaMismatchError as e:
         msg = f"flexdemo: replica check failed at step {step}: {e}"
         logger.error(msg)
         raise ReplicaSyncError(msg) from e
-    logger.info(
-        f"flexdemo: replicas identical at step {step} "
-        f"(local param digest {param_digest(hashes)})"
-    )
+    digest = param_digest(hashes) if hashes is not None else "-"
+    logger.info(f"flexdemo: replica check at step {step}: {replica_group(group).size()} replicas identical "
+                f"(local {what} digest {digest})")
+    return digest
