@@ -45,6 +45,7 @@ from flexdemo.compression.exchange import (
     nonfinite_flags,
     shard_group_of,
 )
+from flexdemo.local import local_grad
 from flexdemo.local import local_tensor as _local
 from flexdemo.replica_group import ReplicaGroup, replica_group
 from flexdemo.optim.lookahead import LookaheadMixin
@@ -216,7 +217,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
             deltas = [_local(self.state[m.param]["delta"]) for m in b.members]
             # A missing grad counts as zero (every replica must pack the same layout), and so
             # does every grad of a replica that saw a non-finite one (bad, read on the device).
-            grads = [None if m.param.grad is None else _local(m.param.grad) for m in b.members]
+            grads = [local_grad(m.param) for m in b.members]
             idx, vals = comp.select(b, deltas, grads, scale=group["lr"], decay=group["compression_decay"],
                                     skip_incs=bad)
             sent.append((idx, vals))
@@ -249,7 +250,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         it. Which local gradients were non-finite is kept on the device too, for the message of
         ``nonfinite="stop"`` (:meth:`_finish`)."""
         with_grad = [(i, p) for i, p in enumerate(self._trainable()) if p.grad is not None]
-        each, bad = nonfinite_flags([_local(p.grad) for _, p in with_grad], self._shard_group,
+        each, bad = nonfinite_flags([local_grad(p) for _, p in with_grad], self._shard_group,
                                     self.compressor.device)
         self._bad_here = (each, with_grad)
         return bad.reshape(1)
