@@ -41,10 +41,10 @@ def worktree(rev: str, out: Path) -> Path:
     return path
 
 
-def train(tree: Path, mode: str, steps: int, dump: Path, resume: bool = False, model_only: bool = True):
+def train(tree: Path, mode: str, steps: int, dump: Path, resume: bool = False, interval: int | None = None):
     """(step -> loss, step -> (sent, received, received in all) bytes, final parameters) of one
-    CPU 2 x 2 run; ``resume``: from the checkpoint in ``dump``; ``model_only`` False: the last
-    checkpoint holds everything, to resume from."""
+    CPU 2 x 2 run; ``resume``: from the checkpoint in ``dump``; ``interval``: also a full
+    checkpoint every that many steps (the last one holds the model only)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "NPROC": "4", "LOG_RANK": "0", "OMP_NUM_THREADS": "1",
            "MASTER_PORT": str(free_port())}
     log = dump / "console.log"
@@ -53,8 +53,7 @@ def train(tree: Path, mode: str, steps: int, dump: Path, resume: bool = False, m
     dump.mkdir(parents=True, exist_ok=True)
     cmd = ["bash", "scripts/launch.sh", f"train_configs/{CONFIGS[mode]}", "--job.dump_folder", str(dump),
            "--metrics.disable_color_printing", "--training.steps", str(steps), "--checkpoint.enable",
-           "--checkpoint.interval", str(steps),
-           "--checkpoint.last_save_model_only" if model_only else "--checkpoint.no-last_save_model_only"]
+           "--checkpoint.interval", str(interval or steps), "--checkpoint.last_save_model_only"]
     with open(log, "w") as f:
         rc = subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc:
@@ -100,8 +99,11 @@ def main() -> int:
               f"final parameters {'bit-identical' if not differ else 'differ: ' + ', '.join(differ[:3])} "
               f"({len(pb)} tensors)")
         if args.resume:
+            # The same run (its lr schedule spans every step) checkpointed halfway by the older
+            # revision; the newer resumes from there.
             half, dump = args.steps // 2, args.out / "resumed" / mode
-            train(trees[0], mode, half, dump, model_only=False)
+            train(trees[0], mode, args.steps, dump, interval=half)
+            shutil.rmtree(dump / "checkpoint" / f"step-{args.steps}")
             lr, _, pr = train(trees[1], mode, args.steps, dump, resume=True)
             tail = {s: v for s, v in lb.items() if s > half}
             ok = {s: v for s, v in lr.items() if s > half} == tail and not same_bits(pr, pb) and len(tail) > 0
