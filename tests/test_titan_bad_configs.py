@@ -12,9 +12,10 @@ CASES = {
         ["--parallelism.data_parallel_replicate_degree", "3"],
         "data_parallel_replicate_degree=3 (x tp*pp*cp=1) does not divide the world size 4",
     ),
-    "tp_with_demo": (
-        ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
-        "mode='demo' supports data parallelism only",
+    "tp_with_ddp_in_mode_off": (
+        ["--flexdemo.mode", "off", "--parallelism.tensor_parallel_degree", "2",
+         "--parallelism.data_parallel_shard_degree", "1"],
+        "needs data_parallel_shard_degree >= 2: with one shard torchtitan replicates through DDP",
     ),
     "pp_with_demo": (
         ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],

@@ -334,6 +334,13 @@ def validate_job_config(job_config, world_size: int | None) -> None:
     if job_config.fault_tolerance.enable:
         check_elastic(job_config, _fail)
     if c.mode not in SEPARATE_REPLICA_MODES:
+        if p.tensor_parallel_degree > 1 and p.data_parallel_replicate_degree > 1 and p.data_parallel_shard_degree == 1:
+            _fail(
+                f"mode='off' with parallelism.tensor_parallel_degree={p.tensor_parallel_degree} and "
+                f"data_parallel_replicate_degree={p.data_parallel_replicate_degree} needs "
+                "data_parallel_shard_degree >= 2: with one shard torchtitan replicates through DDP, which "
+                "does not take tensor parallelism (flexdemo's own modes do)"
+            )
         return
     elastic = job_config.fault_tolerance.enable  # replicas are other jobs
     if world_size is not None and world_size > 1 and p.data_parallel_replicate_degree < 2 and not elastic:
@@ -341,8 +348,9 @@ def validate_job_config(job_config, world_size: int | None) -> None:
             f"mode={c.mode!r} needs parallelism.data_parallel_replicate_degree >= 2 (it exchanges "
             "across replicas); use mode='off' for a single replica"
         )
+    # Inside a replica: FSDP and tensor parallelism (each rank exchanges its own local shard with
+    # the ranks holding the same shard in the other replicas: the dp_replicate group).
     unsupported = {
-        "tensor_parallel_degree": p.tensor_parallel_degree,
         "pipeline_parallel_degree": p.pipeline_parallel_degree,
         "context_parallel_degree": p.context_parallel_degree,
         "expert_parallel_degree": p.expert_parallel_degree,
@@ -350,9 +358,9 @@ def validate_job_config(job_config, world_size: int | None) -> None:
     bad = [f"{k}={v}" for k, v in unsupported.items() if v != 1]
     if bad:
         _fail(
-            f"mode={c.mode!r} supports data parallelism only (FSDP inside a replica, flexdemo's "
-            f"exchange across replicas); got parallelism.{', parallelism.'.join(bad)}. "
-            "Use mode='off' for TP/PP/CP/EP."
+            f"mode={c.mode!r} takes FSDP and tensor parallelism inside a replica (flexdemo's exchange "
+            f"across replicas), not pipeline, context or expert parallelism; got "
+            f"parallelism.{', parallelism.'.join(bad)}. Use mode='off' for PP/CP/EP."
         )
     if c.mode in DILOCO_MODES and c.replica_check_interval % c.sync_interval != 0:
         _fail(
