@@ -83,3 +83,30 @@ def test_a_sharded_tensor_lands_in_ragged_buckets_on_the_torch_path():
     ragged = next(b for b in buckets if b.ragged)
     assert ragged.k == 32 and sorted(set(ragged.per_block.per_block)) == [11, 32]
     assert nbytes == sum(payload_nbytes(block_layout(t.shape, 64), 32, "sign") for t in (shard, whole))
+
+
+# torchtitan's llama3 TP plan: column-wise (dim 0) and row-wise (dim 1) linears, the embedding's
+# rows; the norms are replicated, so every TP rank sends their blocks.
+_TP_DIM = {"tok_embeddings": 0, "wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "output": 0, "wo": 1, "w2": 1}
+
+
+def _replica_bytes(flavor: str, tp: int, fsdp: int) -> int:
+    """Payload bytes of one replica's ranks together: TP cuts each matrix as the plan says,
+    then FSDP2 cuts dim 0 of the local part like torch.chunk."""
+    from torchtitan.models.llama3 import Transformer, llama3_args
+
+    with torch.device("meta"):
+        named = [(n, p) for n, p in Transformer(llama3_args[flavor]).named_parameters()]
+    total = 0
+    for name, p in named:
+        dim = _TP_DIM.get(name.split(".")[-2])
+        tp_parts = p.chunk(tp, dim) if dim is not None else [p] * tp
+        total += sum(payload_nbytes(block_layout(s.shape, 64), 32, "sign")
+                     for part in tp_parts for s in part.chunk(fsdp, 0))
+    return total
+
+
+@pytest.mark.parametrize("flavor", ["debugmodel", "8B"])
+def test_bytes_per_replica_do_not_depend_on_tensor_and_fsdp_degrees(flavor):
+    per_layout = {(tp, fsdp): _replica_bytes(flavor, tp, fsdp) for tp in (1, 2, 4, 8) for fsdp in (1, 2, 3)}
+    assert max(per_layout.values()) <= 1.05 * min(per_layout.values()), per_layout
