@@ -19,3 +19,14 @@ def local_grad(p: torch.Tensor) -> torch.Tensor | None:
     if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
         g = g.redistribute(p.device_mesh, p.placements)
     return local_tensor(g)
+
+
+def describe_layout(p: torch.Tensor) -> str:
+    """How a DTensor is laid out over its mesh, for the replicas' start-up agreement (e.g.
+    " as (Shard(dim=0), Shard(dim=1)) over fsdp=2 x tp=2"); "" for a plain tensor."""
+    if not isinstance(p, DTensor):
+        return ""
+    mesh = p.device_mesh
+    names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+    dims = " x ".join(f"{n}={s}" for n, s in zip(names, mesh.shape))
+    return f" as ({', '.join(repr(x) for x in p.placements)}) over {dims}"

@@ -182,3 +182,21 @@ def test_a_launched_job_whose_replicas_disagree_exits_with_one_line(tmp_path, as
     assert "exitcode  : 2" in run.output, run.output[-4000:]
     assert "ReplicaSettingsMismatch" not in run.output and "agreement.py" not in run.output, run.output[-4000:]
     assert "step:" not in run.output
+
+
+def _describe_tp_shard(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from flexdemo.compression.agreement import dense_settings
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    params = [distribute_tensor(torch.zeros(4, 6), mesh, [Shard(1)]), distribute_tensor(torch.zeros(4), mesh, [Replicate()])]
+    return dense_settings(params)
+
+
+def test_the_agreement_names_each_parameters_tensor_parallel_layout():
+    """What replicas compare at start covers how TP lays a parameter out, not only its local shape."""
+    for settings in run_ranks(_describe_tp_shard, 2):
+        assert settings["parameter 0"] == "local shape (4, 3) float32 as (Shard(dim=1)) over tp=2"
+        assert settings["parameter 1"] == "local shape (4,) float32 as (Replicate()) over tp=2"

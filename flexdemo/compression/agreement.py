@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from flexdemo.compression.exchange import distributed
+from flexdemo.local import describe_layout
 from flexdemo.replica_group import replica_group
 from flexdemo.wire import format as wire_format
 
@@ -125,7 +126,7 @@ def compressor_settings(buckets, entries, encoding: str, kernel_precision: str,
     for g, es in enumerate(entries):
         for param, shape, dtype in es:
             group = f" in group {g}" if len(entries) > 1 else ""
-            where = f"local shape {tuple(shape)} {str(dtype).removeprefix('torch.')}{group}"
+            where = f"local shape {tuple(shape)} {str(dtype).removeprefix('torch.')}{describe_layout(param)}{group}"
             if id(param) in planned:
                 layout, k, per_block = planned[id(param)]
                 plural = "s" if layout.num_blocks != 1 else ""
@@ -158,7 +159,8 @@ def dense_settings(params) -> dict[str, str]:
 
     settings = {"parameter count": str(len(params))}
     for i, p in enumerate(params):
-        settings[f"parameter {i}"] = f"local shape {tuple(local_tensor(p).shape)} {str(p.dtype).removeprefix('torch.')}"
+        settings[f"parameter {i}"] = (f"local shape {tuple(local_tensor(p).shape)} "
+                                      f"{str(p.dtype).removeprefix('torch.')}{describe_layout(p)}")
     return settings
 
 
