@@ -6,7 +6,9 @@ point (:func:`check_stock_entry_or_exit`), and the Trainer they run (:class:`Fle
 CLI as ``python -m torchtitan.train``. Before torchtitan starts it
 1. applies the CPU shim when there is no GPU (and only then),
 2. parses and validates the config, so a bad config exits non-zero with one
-   clear message before any process group or model exists.
+   clear message before any process group or model exists; rank 0 prints the memory estimate
+   per GPU (``[flexdemo] memory_check``: a warning, or with "refuse" a config error, when it
+   does not fit; flexdemo.titan.memory).
 Then it runs torchtitan's stock trainer main with FlexTrainer. Replicas that disagree on a
 setting of the exchange (flexdemo.compression.agreement) end the same way as a bad config: one
 line, exit code 2.
@@ -16,7 +18,8 @@ per node by scripts/launch.sh before torchrun, so a bad config fails in one proc
 message instead of in every rank:
   1. pick the process count (NPROC env, else #GPUs, else the config's replicate x shard
      degrees on CPU, or 4 CPU processes where the shard degree is -1),
-  2. validate the config for the final world size (NNODES x NPROC),
+  2. validate the config for the final world size (NNODES x NPROC) and print the memory
+     estimate per GPU to stderr (``[flexdemo] memory_check`` warns or refuses as in ``run``),
   3. where the config's ``[model] hf_assets_path`` holds no tokenizer and it asks for an
      embedded dataset (or names no path), build flexdemo's assets once (under $FLEXDEMO_CACHE,
      default ~/.cache/flexdemo) and say so in one line; a config's own tokenizer is kept.
@@ -95,7 +98,8 @@ def check_memory(job_config, world_size: int | None) -> None:
         estimate = memory.estimate_memory(job_config, world_size, total, name)
     except Exception as e:  # a model the estimator cannot read must not stop a launch, unless asked to
         if check == "refuse":
-            raise FlexDemoConfigError(f"[flexdemo] memory_check = \"refuse\" but no estimate: {type(e).__name__}: {e}")
+            raise FlexDemoConfigError(
+                f"[flexdemo] config error: memory_check = \"refuse\" but no estimate: {type(e).__name__}: {e}")
         _say(f"flexdemo: memory per GPU not estimated ({type(e).__name__}: {e})")
         return
     _say(estimate.line())

@@ -105,6 +105,18 @@ def model_shapes(model) -> ModelShapes:
     )
 
 
+# Per process, by (model name, flavor): the shapes do not depend on the rest of the config
+# (update_from_config sets the RoPE table's length), and a config check may run many times.
+_SHAPES: dict[tuple[str, str], ModelShapes] = {}
+
+
+def shapes_of(job_config) -> ModelShapes:
+    key = (job_config.model.name, job_config.model.flavor)
+    if key not in _SHAPES:
+        _SHAPES[key] = model_shapes(build_meta_model(job_config))
+    return _SHAPES[key]
+
+
 def _tp_elements(shape: tuple[int, ...], tp: int) -> int:
     # torchtitan's TP plans shard every matrix (embedding, projections) and replicate the 1-D
     # norm weights (approximate where a dim does not divide by tp).
@@ -259,7 +271,7 @@ def estimate_memory(job_config, world_size: int | None, device_total: int | None
                     device_name: str = "CPU", shapes: ModelShapes | None = None) -> MemoryEstimate:
     """Bytes per GPU for the parsed job config (``shapes``: built from its flavor when not given)."""
     cfg = job_config.flexdemo
-    s = shapes or model_shapes(build_meta_model(job_config))
+    s = shapes or shapes_of(job_config)
     d = degrees(job_config, world_size)
     act, fsdp_on, autocast = compute_setup(job_config, d)
     mp = TORCH_DTYPE_MAP[job_config.training.mixed_precision_param].itemsize
@@ -313,7 +325,7 @@ def check_fit(estimate: MemoryEstimate, memory_check: str) -> str | None:
             "training.local_batch_size or seq_len, checkpoint activations, or shard more "
             "(the estimate per term is on the memory line)")
     if memory_check == "refuse":
-        raise FlexDemoConfigError(f"[flexdemo] memory_check = \"refuse\": {what}")
+        raise FlexDemoConfigError(f"[flexdemo] config error: memory_check = \"refuse\": {what}")
     return f"flexdemo: WARNING: {what}; the run may run out of memory ([flexdemo] memory_check)"
 
 
