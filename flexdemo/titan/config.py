@@ -30,6 +30,7 @@ NonFinite = Literal["skip", "stop"]
 ReplicaCheckAction = Literal["stop", "resync"]
 ReplicaCheckInterval = Union[int, Literal["auto"]]
 InitSync = Literal["broadcast", "verify", "none"]
+MemoryCheck = Literal["warn", "refuse", "off"]
 MODES, INIT_SYNC = get_args(Mode), get_args(InitSync)
 DILOCO_MODES = ("diloco", "demo_diloco")
 # Modes in which FSDP shards inside a replica only and flexdemo owns the replica exchange.
@@ -182,6 +183,9 @@ class FlexDemo:
     """DiLoCo modes: where the global copy, outer momentum and error feedback live: "device"
     (12 bytes/param on the GPU) or "cpu" (pinned host memory, streamed during the outer step)."""
 
+    memory_check: MemoryCheck = "warn"
+    """Before any rank starts, estimate the memory per GPU (flexdemo.titan.memory; one line) and,
+    when it is over 90% of the GPU's: "warn", or "refuse" to start (a config error); "off": neither."""
 
 
 def _fail(msg: str) -> None:
@@ -224,6 +228,8 @@ def check_section(c: FlexDemo) -> None:
         _fail(f"replica_check_action={c.replica_check_action!r}; expected one of {get_args(ReplicaCheckAction)}")
     if c.nonfinite not in get_args(NonFinite):
         _fail(f"nonfinite={c.nonfinite!r}; expected one of {get_args(NonFinite)}")
+    if c.memory_check not in get_args(MemoryCheck):
+        _fail(f"memory_check={c.memory_check!r}; expected one of {get_args(MemoryCheck)}")
     if c.kernel_precision not in KERNEL_PRECISIONS:
         _fail(f"kernel_precision={c.kernel_precision!r}; expected one of {KERNEL_PRECISIONS}")
     if not isinstance(c.chunk, int) or c.chunk < 1:

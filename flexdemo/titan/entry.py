@@ -6,7 +6,9 @@ point (:func:`check_stock_entry_or_exit`), and the Trainer they run (:class:`Fle
 CLI as ``python -m torchtitan.train``. Before torchtitan starts it
 1. applies the CPU shim when there is no GPU (and only then),
 2. parses and validates the config, so a bad config exits non-zero with one
-   clear message before any process group or model exists.
+   clear message before any process group or model exists; rank 0 prints the memory estimate
+   per GPU (``[flexdemo] memory_check``: a warning, or with "refuse" a config error, when it
+   does not fit; flexdemo.titan.memory).
 Then it runs torchtitan's stock trainer main with FlexTrainer. Replicas that disagree on a
 setting of the exchange (flexdemo.compression.agreement) end the same way as a bad config: one
 line, exit code 2.
@@ -16,7 +18,8 @@ per node by scripts/launch.sh before torchrun, so a bad config fails in one proc
 message instead of in every rank:
   1. pick the process count (NPROC env, else #GPUs, else the config's replicate x shard
      degrees on CPU, or 4 CPU processes where the shard degree is -1),
-  2. validate the config for the final world size (NNODES x NPROC),
+  2. validate the config for the final world size (NNODES x NPROC) and print the memory
+     estimate per GPU to stderr (``[flexdemo] memory_check`` warns or refuses as in ``run``),
   3. where the config's ``[model] hf_assets_path`` holds no tokenizer and it asks for an
      embedded dataset (or names no path), build flexdemo's assets once (under $FLEXDEMO_CACHE,
      default ~/.cache/flexdemo) and say so in one line; a config's own tokenizer is kept.
@@ -54,7 +57,7 @@ from torchtitan.train import main as titan_main
 from flexdemo.compression.agreement import ReplicaSettingsMismatch
 from flexdemo.elastic.group import ElasticJoinError
 
-from . import cpu_shim, elastic
+from . import cpu_shim, elastic, memory
 from .checkpoint import plan_resume
 from .config import REPLICA_LOCAL_LOSS_ATTR, SEPARATE_REPLICA_MODES, FlexDemoConfigError, validate_job_config
 from .data import check_tokenizer_available, embedded_tokenizer_dir
@@ -66,7 +69,7 @@ RANK0_GRACE_SECONDS = 3
 CPU_DEFAULT_NPROC = 4
 
 
-def check_config(argv: list[str], world_size: int | None):
+def check_config(argv: list[str], world_size: int | None, memory_estimate: bool = True):
     """Parse like torchtitan does and run flexdemo's checks; raises on a bad config.
     Returns the parsed config."""
     job_config = ConfigManager().parse_args(argv)
@@ -78,12 +81,41 @@ def check_config(argv: list[str], world_size: int | None):
             shards = world_size // (replicas * p.tensor_parallel_degree * p.pipeline_parallel_degree)
             plan_resume(job_config, job_config.flexdemo, replicas, shards, FlexDemoConfigError)
     check_tokenizer_available(job_config)
+    if memory_estimate and hasattr(job_config, "flexdemo"):
+        check_memory(job_config, world_size)
     return job_config
 
 
-def check_config_or_exit(argv: list[str], world_size: int | None):
+def check_memory(job_config, world_size: int | None) -> None:
+    """``[flexdemo] memory_check``: the estimate's line (once per job: the pre-flight, or rank 0),
+    then a warning or (``"refuse"``) a FlexDemoConfigError when it is over the limit. Runs before
+    any process group exists."""
+    check = job_config.flexdemo.memory_check
+    if check == "off":
+        return
+    total, name = memory.visible_device()
     try:
-        return check_config(argv, world_size)
+        estimate = memory.estimate_memory(job_config, world_size, total, name)
+    except Exception as e:  # a model the estimator cannot read must not stop a launch, unless asked to
+        if check == "refuse":
+            raise FlexDemoConfigError(
+                f"[flexdemo] config error: memory_check = \"refuse\" but no estimate: {type(e).__name__}: {e}")
+        _say(f"flexdemo: memory per GPU not estimated ({type(e).__name__}: {e})")
+        return
+    _say(estimate.line())
+    warning = memory.check_fit(estimate, check)  # raises with "refuse"
+    if warning:
+        _say(warning)
+
+
+def _say(line: str) -> None:
+    if os.environ.get("RANK", "0") == "0":  # one line per job, not one per rank
+        print(line, file=sys.stderr, flush=True)
+
+
+def check_config_or_exit(argv: list[str], world_size: int | None, memory_estimate: bool = True):
+    try:
+        return check_config(argv, world_size, memory_estimate)
     except FlexDemoConfigError as e:
         _exit_config_error(str(e))
     except (ValueError, FileNotFoundError) as e:  # torchtitan's own config errors
@@ -162,7 +194,8 @@ def run(argv: list[str] | None = None) -> None:
 def cpu_processes(config: str, overrides: list[str]) -> int:
     """On CPU: the config's replicate x shard degrees where both are given (one process per
     replica of an elastic config), else CPU_DEFAULT_NPROC."""
-    p = check_config_or_exit(["--job.config_file", config, *overrides], None).parallelism
+    # No estimate here: the world size is not known yet (the check below has it).
+    p = check_config_or_exit(["--job.config_file", config, *overrides], None, memory_estimate=False).parallelism
     shard = p.data_parallel_shard_degree
     return p.data_parallel_replicate_degree * shard if shard > 0 else CPU_DEFAULT_NPROC
 

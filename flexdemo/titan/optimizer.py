@@ -195,7 +195,8 @@ _KEYS_USED = {
                     "sharded_topk", "index_coding"),
     "off": (),
 }
-_KEYS_USED_BY_EVERY_MODE = ("mode", "replica_check_interval", "replica_check_action", "validation_same_batches")
+_KEYS_USED_BY_EVERY_MODE = ("mode", "replica_check_interval", "replica_check_action", "validation_same_batches",
+                            "memory_check")
 # [optimizer] keys that DeMo does not read (it takes lr, and [lr_scheduler] scales it).
 _OPTIMIZER_KEYS_UNUSED_BY_DEMO = ("name", "beta1", "beta2", "eps", "weight_decay", "implementation")
 
