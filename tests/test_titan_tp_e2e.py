@@ -83,3 +83,20 @@ def test_a_tensor_parallel_checkpoint_resumes_without_it(demo_tp_run, tmp_path, 
     # momentum dropped at the resume moved step 9 by 0.11 here).
     for step in range(CKPT_STEP + 2, STEPS + 1):
         assert resumed[step] == pytest.approx(uninterrupted[step], abs=0.02), (step, resumed, uninterrupted)
+
+
+def test_the_70b_node_plan_starts_on_cpu_with_a_tiny_flavor(tmp_path, assets):
+    """train_configs/multinode_llama3_70b_flexdemo.toml as shipped (TP inside the node, one replica
+    per node, no FSDP), shrunk only in size: the debug flavor, TP 2, short sequences, 3 steps."""
+    config = CONFIGS / "multinode_llama3_70b_flexdemo.toml"
+    run = launch(config, tmp_path, "--model.flavor", "debugmodel", "--parallelism.tensor_parallel_degree", "2",
+                 "--training.dataset", "flexdemo_stdlib", "--validation.dataset", "flexdemo_stdlib_validation",
+                 "--training.seq_len", "128", "--validation.seq_len", "128", "--training.steps", "3",
+                 "--validation.freq", "3", "--validation.steps", "1", "--checkpoint.no_enable",
+                 "--flexdemo.replica_check_interval", "3", "--metrics.log_freq", "1",
+                 assets=assets, timeout=RUN_TIMEOUT)
+    assert run.returncode == 0, run.output[-6000:]
+    assert sorted(run.losses(0)) == [1, 2, 3]
+    assert 3 in run.validation_losses(0)
+    _replicas_identical(run, (3,))
+    assert "fsdp 1 x tp 2" in run.output  # the memory line: the layout the template sets
