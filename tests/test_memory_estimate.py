@@ -161,11 +161,9 @@ def test_the_estimate_scales_the_state_by_the_local_parameters(debug_model):
         assert ("host_state=" in est.line()) == bool(host)
 
 
-def test_momentum_dtype_key_is_read_when_present():
-    class WithMomentumDtype(FlexDemo):
-        momentum_dtype = "bfloat16"
-
-    assert memory.optimizer_state_bytes(WithMomentumDtype(mode="demo")).device == 2
+def test_momentum_dtype_sets_the_state_bytes():
+    assert memory.optimizer_state_bytes(FlexDemo(mode="demo", momentum_dtype="bfloat16")).device == 2
+    assert memory.optimizer_state_bytes(FlexDemo(mode="demo")).device == 4
 
 
 # -- activations, by hand ----------------------------------------------------------------------

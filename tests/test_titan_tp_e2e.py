@@ -16,6 +16,7 @@ from titan_launch import CONFIGS, check_loss_falls, launch
 STEPS, CKPT_STEP = 10, 5
 TP2 = ("--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree", "2")
 RUN_TIMEOUT = 400
+BF16_MOMENTUM = ("--flexdemo.momentum_dtype", "bfloat16")
 
 
 def _tp_run(mode: str, dump, assets, *extra):
@@ -26,8 +27,10 @@ def _tp_run(mode: str, dump, assets, *extra):
 
 @pytest.fixture(scope="module")
 def demo_tp_run(tmp_path_factory, assets):
+    # bf16 momentum here (its rounding follows each element's place in the whole tensor, so the
+    # resume on another layout below continues it)
     run = _tp_run("demo", tmp_path_factory.mktemp("demo_tp"), assets, "--checkpoint.enable",
-                  "--checkpoint.interval", str(CKPT_STEP))
+                  "--checkpoint.interval", str(CKPT_STEP), *BF16_MOMENTUM)
     assert run.returncode == 0, run.output[-6000:]
     return run
 
@@ -62,7 +65,7 @@ def test_diloco_modes_with_tensor_parallelism(mode, tmp_path, assets):
 
 
 def test_a_tensor_parallel_checkpoint_resumes_without_it(demo_tp_run, tmp_path, assets):
-    """DCP reshards the parameters and DeMo's momentum from TP 2 to whole tensors: 2 replicas x 1
+    """DCP reshards the parameters and DeMo's (bf16) momentum from TP 2 to whole tensors: 2 replicas x 1
     process, the same data-parallel ranks and batches. The first resumed step's loss is the
     uninterrupted run's up to rounding (the same parameters; the matmuls sum in another order),
     and training goes on."""
@@ -73,7 +76,7 @@ def test_a_tensor_parallel_checkpoint_resumes_without_it(demo_tp_run, tmp_path, 
                     dump / "checkpoint" / f"step-{CKPT_STEP}")
     run = launch(CONFIGS / "cpu_2x2_flexdemo.toml", dump, "--training.steps", str(STEPS),
                  "--flexdemo.replica_check_interval", str(CKPT_STEP), "--parallelism.data_parallel_shard_degree",
-                 "1", "--checkpoint.enable", "--checkpoint.interval", str(STEPS), assets=assets,
+                 "1", "--checkpoint.enable", "--checkpoint.interval", str(STEPS), *BF16_MOMENTUM, assets=assets,
                  timeout=RUN_TIMEOUT, nproc=2)
     assert run.returncode == 0, run.output[-6000:]
     resumed, uninterrupted = run.losses(0), demo_tp_run.losses(0)

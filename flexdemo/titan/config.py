@@ -31,6 +31,7 @@ ReplicaCheckAction = Literal["stop", "resync"]
 ReplicaCheckInterval = Union[int, Literal["auto"]]
 InitSync = Literal["broadcast", "verify", "none"]
 MemoryCheck = Literal["warn", "refuse", "off"]
+MomentumDtype = Literal["float32", "bfloat16"]
 MODES, INIT_SYNC = get_args(Mode), get_args(InitSync)
 DILOCO_MODES = ("diloco", "demo_diloco")
 # Modes in which FSDP shards inside a replica only and flexdemo owns the replica exchange.
@@ -83,6 +84,13 @@ class FlexDemo:
     products; on an H200 the same index sets as the torch path in every block checked and error
     feedback within 1e-6 of it, like "ieee", with a 1.5B-parameter DeMo step 31% faster) or
     "ieee" (fp32 products on the CUDA cores). Used by modes demo and demo_diloco."""
+
+    momentum_dtype: MomentumDtype = "float32"
+    """demo: the dtype DeMo keeps its momentum in. "bfloat16" halves it to 2 bytes per parameter:
+    each step widens it to fp32, computes exactly as with "float32", and rounds back
+    stochastically (keyed on each element's place in the whole tensor, so replicas, FSDP/TP
+    layouts and resumed runs draw the same bits), so increments smaller than bf16's spacing are
+    kept on average rather than lost (flexdemo.optim.momentum_storage)."""
 
     overlap: bool = False
     """demo: apply each step's exchanged update one step later, so the exchange runs while the
@@ -228,6 +236,8 @@ def check_section(c: FlexDemo) -> None:
         _fail(f"replica_check_action={c.replica_check_action!r}; expected one of {get_args(ReplicaCheckAction)}")
     if c.nonfinite not in get_args(NonFinite):
         _fail(f"nonfinite={c.nonfinite!r}; expected one of {get_args(NonFinite)}")
+    if c.momentum_dtype not in get_args(MomentumDtype):
+        _fail(f"momentum_dtype={c.momentum_dtype!r}; expected one of {get_args(MomentumDtype)}")
     if c.memory_check not in get_args(MemoryCheck):
         _fail(f"memory_check={c.memory_check!r}; expected one of {get_args(MemoryCheck)}")
     if c.kernel_precision not in KERNEL_PRECISIONS:

@@ -152,7 +152,7 @@ def optimizer_state_bytes(cfg) -> StateBytes:
     if cfg.mode == "off":
         return StateBytes(adam, 0)
     if cfg.mode == "demo":  # DeMo's momentum "delta"; lookahead keeps the common parameters too
-        momentum = MOMENTUM_BYTES[getattr(cfg, "momentum_dtype", "float32")]
+        momentum = MOMENTUM_BYTES[cfg.momentum_dtype]
         return StateBytes(momentum + (PARAM_BYTES if cfg.overlap and cfg.overlap_lookahead else 0), 0)
     if cfg.mode not in DILOCO_MODES:
         raise ValueError(f"no optimizer-state model for mode {cfg.mode!r}")
