@@ -70,13 +70,23 @@ def main():
 
     for name, kw in [("demo_fused_sign", dict(fused=True, kernel_precision="ieee")),
                      ("demo_fused_sign_tf32x3", dict(fused=True, kernel_precision="tf32x3")),
+                     ("demo_fused_sign_tf32x3_bf16_momentum",
+                      dict(fused=True, kernel_precision="tf32x3", momentum_dtype="bfloat16")),
                      ("demo_torch_sign", dict(fused=False))]:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
         opt = DeMo(params, lr=1e-4, compression_topk=32, value_encoding="sign", **kw)
         compile_start = time.perf_counter()
         opt.step()  # the first step compiles the Triton kernels
         torch.cuda.synchronize()
-        rows[name] = {"first_step_s": time.perf_counter() - compile_start, "step_ms": 1e3 * timed(opt.step, args.iters),
-                      "state_bytes_per_param": 4.0, "payload_bytes": opt.payload_bytes_per_step()}
+        first = time.perf_counter() - compile_start
+        step_ms = 1e3 * timed(opt.step, args.iters)
+        state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+                    if isinstance(t, torch.Tensor) and t.device.type == "cuda")
+        rows[name] = {"first_step_s": first, "step_ms": step_ms, "state_bytes_per_param": state / numel,
+                      "peak_above_params_gib": (torch.cuda.max_memory_allocated(device) - before) / 2**30,
+                      "payload_bytes": opt.payload_bytes_per_step()}
         if args.profile:
             table, rows[name]["top_kernels"] = kernel_times(opt.step)
             Path(args.profile).mkdir(parents=True, exist_ok=True)
