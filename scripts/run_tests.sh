@@ -10,6 +10,6 @@ PY="${PYTHON:-python3}"
 # Both runs always run; the script fails if either did.
 status=0
 TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_codec.py tests/test_fused_grouped.py \
-  tests/test_fused_optim.py tests/test_fused_overlap.py || status=1
+  tests/test_fused_optim.py tests/test_fused_overlap.py tests/test_fused_rounding.py || status=1
 "$PY" -m pytest -q -p no:cacheprovider --durations=25 tests "$@" || status=1
 exit $status

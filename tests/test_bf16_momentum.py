@@ -9,7 +9,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from flexdemo import DeMo
-from flexdemo.optim.momentum_storage import chunks, element_positions, stochastic_round_
+from flexdemo.optim.momentum_storage import chunks
+from flexdemo.wire.stochastic_rounding import box_of, positions, stochastic_round_torch
 from multiproc import run_ranks
 
 
@@ -27,7 +28,7 @@ def _bf16_neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _round(x: torch.Tensor, seed: int) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=torch.bfloat16)
-    stochastic_round_(out, x, element_positions(x), seed)
+    stochastic_round_torch(out, x, box_of(x), seed)
     return out.float()
 
 
@@ -148,9 +149,9 @@ def _sharded_vs_unsharded(rank, world, steps):
         differ += int((a != b).sum())
         total += a.numel()
         worst_ulps = max(worst_ulps, float(((a - b).abs() / ulp).max()))
-    positions = [element_positions(p) for p in sharded.parameters()]
-    return params, differ, total, worst_ulps, [(tuple(p.shape), pos.flatten().tolist()) for p, pos in
-                                              zip(sharded.parameters(), positions)]
+    boxes = [box_of(p) for p in sharded.parameters()]
+    return params, differ, total, worst_ulps, [(tuple(p.shape), positions(b, 0, b.rows, "cpu").flatten().tolist())
+                                              for p, b in zip(sharded.parameters(), boxes)]
 
 
 def test_sharded_equals_unsharded_with_bf16_momentum():

@@ -49,8 +49,7 @@ from flexdemo.local import local_grad
 from flexdemo.local import local_tensor as _local
 from flexdemo.replica_group import ReplicaGroup, replica_group
 from flexdemo.optim.lookahead import LookaheadMixin
-from flexdemo.optim.momentum_storage import check_momentum_dtype, chunks, element_positions, rounding_seed, \
-    stochastic_round_
+from flexdemo.optim.momentum_storage import check_momentum_dtype, chunks, round_into, rounding_seed
 from flexdemo.optim.overlap import OverlapMixin
 from flexdemo.wire.format import check_encoding
 
@@ -231,7 +230,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
             p = b.members[i].param
             state = self.state[p]
             seed = rounding_seed(index[id(p)], int(state["rounding_step"]), phase)
-            stochastic_round_(_local(state["delta"]), w, element_positions(p), seed)
+            round_into(_local(state["delta"]), w, p, seed, fused=self.fused)
 
     def _param_index(self) -> dict[int, int]:
         """id(param) -> its place among the trainable parameters (the same on every replica and layout)."""
