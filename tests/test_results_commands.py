@@ -84,7 +84,15 @@ def plan(commands: list[list[str]]) -> tuple[list[str], list[dict], list[dict]]:
         where = " ".join(argv)[:160]
         if argv[0] == "sudo":
             argv = argv[1:]
-        if argv[0] in ("python", "python3"):
+        env, argv = {}, list(argv)
+        while argv and re.fullmatch(r"[A-Z_]+=\S*", argv[0]):  # VAR=value before the command
+            key, _, value = argv.pop(0).partition("=")
+            env[key] = value
+        if argv[0] in ("python", "python3") and argv[1:3] == ["-m", preflight_module()]:
+            # the launcher's pre-flight on a config: checked as a job of NNODES x NPROC processes
+            world = str(int(env.get("NNODES", "1")) * int(env.get("NPROC", "2")))
+            job(where, ["preflight", Path(argv[3]).stem, *argv[4:]], "", world)
+        elif argv[0] in ("python", "python3"):
             script = REPO / argv[1]
             if not script.is_file():
                 problems.append(f"{where}: no script {argv[1]}")
