@@ -204,3 +204,40 @@ def test_resume_equals_uninterrupted_with_bf16_momentum():
 def test_bad_momentum_dtype_is_refused():
     with pytest.raises(ValueError, match="momentum_dtype"):
         DeMo(_mlp(0).parameters(), momentum_dtype="float16", **KW)
+
+
+def _sharded_exchange_restores(rank, world, steps):
+    """The sharded exchange gives back, every step, what its owners dropped (DeMo._restore): with a
+    bf16 momentum that is a second stochastic rounding. Against an fp32-momentum DeMo handed the
+    same momentum each step: the same parameters (the payload comes from the same fp32 values),
+    and a momentum within two bf16 steps (at the tensor's largest value) of the fp32 one."""
+    low, ref = _mlp(0), _mlp(0)
+    kw = dict(KW, value_encoding="fp32", exchange="sharded", sharded_topk=4)
+    opt_low, opt_ref = DeMo(low.parameters(), momentum_dtype="bfloat16", **kw), DeMo(ref.parameters(), **kw)
+    gen = torch.Generator().manual_seed(100 + rank)
+    params_equal, worst_ulps, restored = True, 0.0, 0.0
+    for _ in range(steps):
+        x = torch.randn(8, 64, generator=gen)
+        for model, opt in ((low, opt_low), (ref, opt_ref)):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+        for pl, pr in zip(low.parameters(), ref.parameters()):
+            if "delta" in opt_low.state[pl]:
+                opt_ref.state[pr]["delta"] = opt_low.state[pl]["delta"].float()
+        opt_low.step()
+        opt_ref.step()
+        for pl, pr in zip(low.parameters(), ref.parameters()):
+            params_equal &= torch.equal(pl, pr)
+            m, r = opt_low.state[pl]["delta"].float(), opt_ref.state[pr]["delta"]
+            # Two roundings, each within one bf16 step of its value (the first of the momentum
+            # before the give-back, of the size of the largest): measured against that size.
+            worst_ulps = max(worst_ulps, float((m - r).abs().max() / (r.abs().max() * 2**-7)))
+        restored += sum(float(opt_ref.state[p]["delta"].abs().sum()) for p in ref.parameters())
+    return params_equal, worst_ulps, restored
+
+
+def test_the_sharded_exchanges_give_back_is_rounded_into_the_bf16_momentum():
+    for params_equal, worst_ulps, restored in run_ranks(_sharded_exchange_restores, 2, 5):
+        assert params_equal
+        assert worst_ulps <= 2.0, worst_ulps
+        assert restored > 0
