@@ -192,6 +192,8 @@ def _resume(rank, world, steps, at):
     resumed_model, resumed_opt = run(state=run(stop_at=at))
     params = all(torch.equal(a, b) for a, b in zip(whole_model.parameters(), resumed_model.parameters()))
     momenta = all(torch.equal(whole_opt.state[a]["delta"], resumed_opt.state[b]["delta"])
+                  and resumed_opt.state[b]["delta"].dtype == torch.bfloat16  # torch's load casts to the param's
+                  and resumed_opt.state[b]["rounding_step"].dtype == torch.int64
                   for a, b in zip(whole_model.parameters(), resumed_model.parameters()))
     return params, momenta
 

@@ -382,7 +382,23 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
     def load_state_dict(self, state_dict) -> None:
         self._settle()
         super().load_state_dict(state_dict)
+        self._momentum_in_its_dtype()
         self._restore_lookahead()
+
+    def _momentum_in_its_dtype(self) -> None:
+        """torch's load_state_dict casts state to its parameter's dtype and device: a bf16 momentum
+        would come back fp32 (exactly, and twice the memory), the rounding counter as an fp32 on the
+        GPU (read every step: a host sync). Both are put back; a momentum saved in fp32 and loaded
+        into a bf16 one is rounded to nearest once, with a fresh counter."""
+        for p in self._trainable():
+            state = self.state.get(p)
+            if not state or "delta" not in state:
+                continue
+            if state["delta"].dtype != self.momentum_dtype:
+                state["delta"] = state["delta"].to(self.momentum_dtype)
+            if self._low_precision:
+                counter = state.get("rounding_step", torch.zeros(()))
+                state["rounding_step"] = counter.to(device="cpu", dtype=torch.int64)
 
     def _apply(self, gathered: torch.Tensor, lrs: list[float], scales: list[float] | None,
                keep: torch.Tensor | None = None, sent=None) -> None:
