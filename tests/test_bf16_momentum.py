@@ -243,3 +243,24 @@ def test_the_sharded_exchanges_give_back_is_rounded_into_the_bf16_momentum():
         assert params_equal
         assert worst_ulps <= 2.0, worst_ulps
         assert restored > 0
+
+
+def _through_distributed_state_dict(rank, world):
+    """torchtitan saves and loads optimizers through torch.distributed.checkpoint.state_dict (get /
+    set_optimizer_state_dict), which ends in DeMo.load_state_dict: the momentum stays bf16."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    model = _mlp(0)
+    opt = DeMo(model.parameters(), momentum_dtype="bfloat16", **KW)
+    model(torch.randn(8, 64)).square().mean().backward()
+    opt.step()
+    saved = get_optimizer_state_dict(model, opt)
+    fresh = DeMo(model.parameters(), momentum_dtype="bfloat16", **KW)
+    set_optimizer_state_dict(model, fresh, saved)
+    return all(fresh.state[p]["delta"].dtype == torch.bfloat16 and torch.equal(fresh.state[p]["delta"],
+                                                                              opt.state[p]["delta"])
+               and fresh.state[p]["rounding_step"].dtype == torch.int64 for p in model.parameters())
+
+
+def test_the_momentum_stays_bf16_through_torchs_distributed_state_dict():
+    assert all(run_ranks(_through_distributed_state_dict, 2))

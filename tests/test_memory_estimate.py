@@ -318,6 +318,12 @@ MEASURED = [
     # "AdamW-HSDP ... at 76.4 GiB per GPU; flexdemo ... at 66.0 GiB")
     (("multinode_llama3_8b_flexdemo.toml", "--parallelism.data_parallel_shard_degree", "2"), 4,
      {"demo": 66.0, "off": 76.4}),
+    # 1B, 1 x H200, one replica (W = 1), seq 1024 x 8, no AC, fp32 and bf16 momentum:
+    # docs/results/momentum_bf16_1b_h200 (results.md 8.1, speed_* runs)
+    (("gpu_2gpu_flexdemo.toml", "--model.flavor", "1B", "--parallelism.data_parallel_replicate_degree", "1"), 1,
+     {"demo": 23.71}),
+    (("gpu_2gpu_flexdemo.toml", "--model.flavor", "1B", "--parallelism.data_parallel_replicate_degree", "1",
+      "--flexdemo.momentum_dtype", "bfloat16"), 1, {"demo": 21.93}),
 ]
 
 
