@@ -27,14 +27,15 @@ def _both(x, box, seed):
 ])
 def test_kernel_rounds_to_the_same_bits_as_the_definition(shape, box):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(shape, generator=g) * torch.logspace(-30, 30, x_n := int(torch.tensor(shape).prod())).reshape(shape)
+    n = int(torch.tensor(shape).prod())
+    x = torch.randn(shape, generator=g) * torch.logspace(-30, 30, n).reshape(shape)  # every exponent range
     x.view(-1)[:4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
     for seed in (0, 12345, 2**32 - 1):
         ours, ref = _both(x, box, seed)
         nan = ref.isnan()
         assert torch.equal(ours.isnan(), nan)  # a NaN's payload bits are not the definition's business
         assert torch.equal(ours.view(torch.int16)[~nan], ref.view(torch.int16)[~nan]), (shape, seed)
-    assert x_n > 0 and BLOCK > 0
+    assert n > BLOCK or shape != (3000,)  # the 1-D case spans several programs, the last one partial
 
 
 def test_kernel_hash_constant_is_the_definitions():
