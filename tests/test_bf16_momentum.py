@@ -264,3 +264,39 @@ def _through_distributed_state_dict(rank, world):
 
 def test_the_momentum_stays_bf16_through_torchs_distributed_state_dict():
     assert all(run_ranks(_through_distributed_state_dict, 2))
+
+
+def _skip_gives_back(rank, world, bad_step):
+    """A non-finite gradient on one replica skips the step (nonfinite="skip"); what each replica sent
+    goes back into its momentum when the flags are read (DeMo._give_back via _restore). Against an
+    fp32 momentum handed the same state before every step: the same parameters, and after the
+    give-back a momentum within one bf16 step (at the tensor's largest value) of the fp32 one."""
+    low, ref = _mlp(0), _mlp(0)
+    opt_low, opt_ref = DeMo(low.parameters(), momentum_dtype="bfloat16", **KW), DeMo(ref.parameters(), **KW)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for step in range(bad_step + 1):
+        x = torch.randn(8, 64, generator=gen)
+        for model, opt in ((low, opt_low), (ref, opt_ref)):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            if step == bad_step and rank == 1:
+                next(model.parameters()).grad[0, 0] = float("nan")
+        for pl, pr in zip(low.parameters(), ref.parameters()):
+            if "delta" in opt_low.state[pl]:
+                opt_ref.state[pr]["delta"] = opt_low.state[pl]["delta"].float()
+        before = [p.detach().clone() for p in low.parameters()]
+        opt_low.step()
+        opt_ref.step()
+    skipped = opt_low.last_step_skipped_by == [1] and opt_ref.last_step_skipped_by == [1]  # reads the flags
+    unchanged = all(torch.equal(p, b) for p, b in zip(low.parameters(), before))
+    params_equal = all(torch.equal(pl, pr) for pl, pr in zip(low.parameters(), ref.parameters()))
+    worst = max(float((opt_low.state[pl]["delta"].float() - opt_ref.state[pr]["delta"]).abs().max()
+                      / (opt_ref.state[pr]["delta"].abs().max() * 2**-7))
+                for pl, pr in zip(low.parameters(), ref.parameters()))
+    return skipped, unchanged, params_equal, worst
+
+
+def test_a_skipped_steps_give_back_is_rounded_into_the_bf16_momentum():
+    for skipped, unchanged, params_equal, worst in run_ranks(_skip_gives_back, 2, 3):
+        assert skipped and unchanged and params_equal
+        assert worst <= 1.0, worst
