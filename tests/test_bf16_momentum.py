@@ -4,13 +4,11 @@ resume == uninterrupted."""
 
 import pytest
 import torch
-import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from flexdemo import DeMo
-from flexdemo.optim.momentum_storage import chunks
+from flexdemo.optim.bounded_groups import bounded_groups
 from flexdemo.wire.stochastic_rounding import box_of, positions, stochastic_round_torch
+from fsdp_toy import replica_mesh, shard_layers, toy_mlp
 from multiproc import run_ranks
 
 
@@ -63,40 +61,61 @@ def test_rounding_bits_depend_on_the_position_and_the_seed():
     assert not torch.equal(a, b)
     assert torch.equal(a, _round(x, seed=1))
     # A slice of rows rounds as the same rows of the whole tensor only with their own positions.
-    assert chunks([3, 3, 5, 1], limit=6) == [[0, 1], [2, 3]]
-    assert chunks([10, 1], limit=4) == [[0], [1]]
-
-
-def _mlp(seed):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 256))
+    assert bounded_groups([3, 3, 5, 1], limit=6) == [[0, 1], [2, 3]]
+    assert bounded_groups([10, 1], limit=4) == [[0], [1]]
 
 
 KW = dict(lr=0.01, compression_decay=0.95, compression_topk=16, compression_chunk=64, value_encoding="sign")
+
+
+def _low_and_ref(**kw):
+    """The toy model twice: (model, DeMo with a bf16 momentum), (model, DeMo with an fp32 one)."""
+    low, ref = toy_mlp(0), toy_mlp(0)
+    return (low, DeMo(low.parameters(), momentum_dtype="bfloat16", **kw)), (ref, DeMo(ref.parameters(), **kw))
+
+
+def _step_realigned(pairs, x, poison: bool = False) -> None:
+    """One step of both on the batch ``x``, the fp32 one first handed the bf16 one's momentum
+    (widened); ``poison``: a NaN in each first gradient."""
+    (low, opt_low), (ref, opt_ref) = pairs
+    for model, opt in pairs:
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        if poison:
+            next(model.parameters()).grad[0, 0] = float("nan")
+    for pl, pr in zip(low.parameters(), ref.parameters()):
+        if "delta" in opt_low.state[pl]:
+            opt_ref.state[pr]["delta"] = opt_low.state[pl]["delta"].float()
+    opt_low.step()
+    opt_ref.step()
+
+
+def _params_equal(pairs) -> bool:
+    (low, _), (ref, _) = pairs
+    return all(torch.equal(pl, pr) for pl, pr in zip(low.parameters(), ref.parameters()))
+
+
+def _worst_in_bf16_steps(pairs) -> float:
+    """The largest |bf16 momentum - fp32 momentum| of a tensor, in bf16 steps at that tensor's
+    largest fp32 value."""
+    (low, opt_low), (ref, opt_ref) = pairs
+    return max(float((opt_low.state[pl]["delta"].float() - opt_ref.state[pr]["delta"]).abs().max()
+                     / (opt_ref.state[pr]["delta"].abs().max() * 2**-7))
+               for pl, pr in zip(low.parameters(), ref.parameters()))
 
 
 def _bf16_vs_fp32_step(rank, world, steps):
     """Each step, an fp32-momentum DeMo is handed the bf16 one's momentum (widened) and the same
     gradient: the parameters must come out bit-identical (the payload is encoded from fp32 either
     way) and the bf16 momentum must be one of the two bf16 neighbours of the fp32 one."""
-    low, ref = _mlp(0), _mlp(0)
-    opt_low = DeMo(low.parameters(), momentum_dtype="bfloat16", **KW)
-    opt_ref = DeMo(ref.parameters(), **KW)
+    pairs = (low, opt_low), (ref, opt_ref) = _low_and_ref(**KW)
     gen = torch.Generator().manual_seed(100 + rank)
     params_equal, outside, rounded_up, rounded_down, inexact = True, 0, 0, 0, 0
     near_lo_up, near_lo = 0, 0  # fp32 values in the lower quarter between their bf16 neighbours
     for _ in range(steps):
-        x = torch.randn(8, 64, generator=gen)
-        for model, opt in ((low, opt_low), (ref, opt_ref)):
-            opt.zero_grad()
-            model(x).square().mean().backward()
+        _step_realigned(pairs, torch.randn(8, 64, generator=gen))
+        params_equal &= _params_equal(pairs)
         for pl, pr in zip(low.parameters(), ref.parameters()):
-            if "delta" in opt_low.state[pl]:
-                opt_ref.state[pr]["delta"] = opt_low.state[pl]["delta"].float()
-        opt_low.step()
-        opt_ref.step()
-        for pl, pr in zip(low.parameters(), ref.parameters()):
-            params_equal &= torch.equal(pl, pr)
             m, r = opt_low.state[pl]["delta"], opt_ref.state[pr]["delta"]
             assert m.dtype == torch.bfloat16 and r.dtype == torch.float32
             lo, hi = _bf16_neighbours(r)
@@ -121,16 +140,10 @@ def test_same_step_as_fp32_momentum_up_to_the_rounding():
 
 
 def _sharded_vs_unsharded(rank, world, steps):
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    mesh = replica_mesh(2, 2)
     replica = mesh["replicate"].get_local_rank()
-    sharded = _mlp(0)
-    for layer in sharded:
-        fully_shard(layer, mesh=mesh["shard"])
-    fully_shard(sharded, mesh=mesh["shard"])
-    for m in sharded.modules():
-        if hasattr(m, "set_force_sum_reduction_for_comms"):
-            m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
-    plain = _mlp(0)
+    sharded = shard_layers(toy_mlp(0), mesh["shard"])
+    plain = toy_mlp(0)
     kw = dict(KW, value_encoding="fp32", replicate_group=mesh["replicate"].get_group(), momentum_dtype="bfloat16")
     opt_sharded, opt_plain = DeMo(sharded.parameters(), **kw), DeMo(plain.parameters(), **kw)
     gen = torch.Generator().manual_seed(100 + replica)
@@ -170,7 +183,7 @@ def test_sharded_equals_unsharded_with_bf16_momentum():
 
 def _resume(rank, world, steps, at):
     def run(stop_at=None, state=None):
-        model = _mlp(0)
+        model = toy_mlp(0)
         opt = DeMo(model.parameters(), momentum_dtype="bfloat16", **KW)
         if state is not None:
             model.load_state_dict(state[0])
@@ -205,35 +218,23 @@ def test_resume_equals_uninterrupted_with_bf16_momentum():
 
 def test_bad_momentum_dtype_is_refused():
     with pytest.raises(ValueError, match="momentum_dtype"):
-        DeMo(_mlp(0).parameters(), momentum_dtype="float16", **KW)
+        DeMo(toy_mlp(0).parameters(), momentum_dtype="float16", **KW)
 
 
 def _sharded_exchange_restores(rank, world, steps):
-    """The sharded exchange gives back, every step, what its owners dropped (DeMo._restore): with a
-    bf16 momentum that is a second stochastic rounding. Against an fp32-momentum DeMo handed the
-    same momentum each step: the same parameters (the payload comes from the same fp32 values),
-    and a momentum within two bf16 steps (at the tensor's largest value) of the fp32 one."""
-    low, ref = _mlp(0), _mlp(0)
-    kw = dict(KW, value_encoding="fp32", exchange="sharded", sharded_topk=4)
-    opt_low, opt_ref = DeMo(low.parameters(), momentum_dtype="bfloat16", **kw), DeMo(ref.parameters(), **kw)
+    """The sharded exchange gives back, every step, what its owners dropped (MomentumStorage.restore):
+    with a bf16 momentum that is a second stochastic rounding. Against an fp32-momentum DeMo handed
+    the same momentum each step: the same parameters (the payload comes from the same fp32 values),
+    and a momentum within two bf16 steps (at the tensor's largest value) of the fp32 one: two
+    roundings, the first of the momentum before the give-back, which is of that size."""
+    pairs = (_, _), (ref, opt_ref) = _low_and_ref(**dict(KW, value_encoding="fp32", exchange="sharded",
+                                                          sharded_topk=4))
     gen = torch.Generator().manual_seed(100 + rank)
     params_equal, worst_ulps, restored = True, 0.0, 0.0
     for _ in range(steps):
-        x = torch.randn(8, 64, generator=gen)
-        for model, opt in ((low, opt_low), (ref, opt_ref)):
-            opt.zero_grad()
-            model(x).square().mean().backward()
-        for pl, pr in zip(low.parameters(), ref.parameters()):
-            if "delta" in opt_low.state[pl]:
-                opt_ref.state[pr]["delta"] = opt_low.state[pl]["delta"].float()
-        opt_low.step()
-        opt_ref.step()
-        for pl, pr in zip(low.parameters(), ref.parameters()):
-            params_equal &= torch.equal(pl, pr)
-            m, r = opt_low.state[pl]["delta"].float(), opt_ref.state[pr]["delta"]
-            # Two roundings, each within one bf16 step of its value (the first of the momentum
-            # before the give-back, of the size of the largest): measured against that size.
-            worst_ulps = max(worst_ulps, float((m - r).abs().max() / (r.abs().max() * 2**-7)))
+        _step_realigned(pairs, torch.randn(8, 64, generator=gen))
+        params_equal &= _params_equal(pairs)
+        worst_ulps = max(worst_ulps, _worst_in_bf16_steps(pairs))
         restored += sum(float(opt_ref.state[p]["delta"].abs().sum()) for p in ref.parameters())
     return params_equal, worst_ulps, restored
 
@@ -250,7 +251,7 @@ def _through_distributed_state_dict(rank, world):
     set_optimizer_state_dict), which ends in DeMo.load_state_dict: the momentum stays bf16."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-    model = _mlp(0)
+    model = toy_mlp(0)
     opt = DeMo(model.parameters(), momentum_dtype="bfloat16", **KW)
     model(torch.randn(8, 64)).square().mean().backward()
     opt.step()
@@ -268,32 +269,17 @@ def test_the_momentum_stays_bf16_through_torchs_distributed_state_dict():
 
 def _skip_gives_back(rank, world, bad_step):
     """A non-finite gradient on one replica skips the step (nonfinite="skip"); what each replica sent
-    goes back into its momentum when the flags are read (DeMo._give_back via _restore). Against an
-    fp32 momentum handed the same state before every step: the same parameters, and after the
-    give-back a momentum within one bf16 step (at the tensor's largest value) of the fp32 one."""
-    low, ref = _mlp(0), _mlp(0)
-    opt_low, opt_ref = DeMo(low.parameters(), momentum_dtype="bfloat16", **KW), DeMo(ref.parameters(), **KW)
+    goes back into its momentum when the flags are read (DeMo._give_back, MomentumStorage.restore).
+    Against an fp32 momentum handed the same state before every step: the same parameters, and
+    after the give-back a momentum within one bf16 step (at the tensor's largest value) of the fp32 one."""
+    pairs = (low, opt_low), (_, opt_ref) = _low_and_ref(**KW)
     gen = torch.Generator().manual_seed(100 + rank)
     for step in range(bad_step + 1):
-        x = torch.randn(8, 64, generator=gen)
-        for model, opt in ((low, opt_low), (ref, opt_ref)):
-            opt.zero_grad()
-            model(x).square().mean().backward()
-            if step == bad_step and rank == 1:
-                next(model.parameters()).grad[0, 0] = float("nan")
-        for pl, pr in zip(low.parameters(), ref.parameters()):
-            if "delta" in opt_low.state[pl]:
-                opt_ref.state[pr]["delta"] = opt_low.state[pl]["delta"].float()
         before = [p.detach().clone() for p in low.parameters()]
-        opt_low.step()
-        opt_ref.step()
+        _step_realigned(pairs, torch.randn(8, 64, generator=gen), poison=step == bad_step and rank == 1)
     skipped = opt_low.last_step_skipped_by == [1] and opt_ref.last_step_skipped_by == [1]  # reads the flags
     unchanged = all(torch.equal(p, b) for p, b in zip(low.parameters(), before))
-    params_equal = all(torch.equal(pl, pr) for pl, pr in zip(low.parameters(), ref.parameters()))
-    worst = max(float((opt_low.state[pl]["delta"].float() - opt_ref.state[pr]["delta"]).abs().max()
-                      / (opt_ref.state[pr]["delta"].abs().max() * 2**-7))
-                for pl, pr in zip(low.parameters(), ref.parameters()))
-    return skipped, unchanged, params_equal, worst
+    return skipped, unchanged, _params_equal(pairs), _worst_in_bf16_steps(pairs)
 
 
 def test_a_skipped_steps_give_back_is_rounded_into_the_bf16_momentum():

@@ -7,11 +7,10 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from flexdemo.optim.diloco import DiLoCo
+from fsdp_toy import replica_mesh as _mesh, shard_layers, toy_mlp as _mlp
 from multiproc import run_ranks
 from reference_diloco import ReferenceDiLoCo
 from toy_problem import INPUT_NUMEL, SHAPES, all_ranks_equal, loss, make_params
@@ -168,25 +167,12 @@ def test_outer_step_time_covers_its_collectives(compression):
                 assert sync_s >= exchange_s > 0, (sync_s, exchange_s)
 
 
-def _mesh(replicate, shard):
-    return init_device_mesh("cpu", (replicate, shard), mesh_dim_names=("replicate", "shard"))
-
-
-def _mlp(seed):
-    torch.manual_seed(seed)
-    # Rows divide by (2 shards x 64): local shards keep the unsharded 64x64 blocks.
-    return nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 256))
-
-
 def _sharded_vs_unsharded(rank, world, compression, encoding, state_device):
     mesh = _mesh(2, 2)
     replica = mesh["replicate"].get_local_rank()
     group = mesh["replicate"].get_group()
     sharded, plain = _mlp(0), _mlp(0)
-    for layer in sharded:
-        fully_shard(layer, mesh=mesh["shard"])
-    fully_shard(sharded, mesh=mesh["shard"])
-    sharded.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    shard_layers(sharded, mesh["shard"])
     kw = dict(sync_interval=2, compression=compression, value_encoding=encoding, topk=16, replicate_group=group)
     inners = [torch.optim.SGD(sharded.parameters(), lr=0.05), torch.optim.SGD(plain.parameters(), lr=0.05)]
     outers = [DiLoCo(sharded.named_parameters(), state_device=state_device, inner_optimizers=inners[:1], **kw),

@@ -2,33 +2,13 @@
 
 import torch
 import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from flexdemo import DeMo
+from fsdp_toy import replica_mesh as _mesh, shard_layers as _shard, toy_mlp as _mlp
 from multiproc import run_ranks
 from reference_demo import ReferenceDeMo, agrees_then_realign
-
-
-def _mesh(replicate, shard):
-    return init_device_mesh("cpu", (replicate, shard), mesh_dim_names=("replicate", "shard"))
-
-
-def _shard(model, mesh):
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    for m in model.modules():
-        if hasattr(m, "set_force_sum_reduction_for_comms"):
-            m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
-    return model
-
-
-def _mlp(seed):
-    torch.manual_seed(seed)
-    # Rows divide by (2 shards x 64): local shards keep the unsharded 64x64 blocks.
-    return nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 256))
 
 
 def _sharded_vs_unsharded(rank, world, encoding, steps):

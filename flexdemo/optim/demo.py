@@ -49,7 +49,7 @@ from flexdemo.local import local_grad
 from flexdemo.local import local_tensor as _local
 from flexdemo.replica_group import ReplicaGroup, replica_group
 from flexdemo.optim.lookahead import LookaheadMixin
-from flexdemo.optim.momentum_storage import check_momentum_dtype, chunks, round_into, rounding_seed
+from flexdemo.optim.momentum_storage import MomentumStorage
 from flexdemo.optim.overlap import OverlapMixin
 from flexdemo.wire.format import check_encoding
 
@@ -104,7 +104,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         self.nonfinite = nonfinite
         # bf16: 2 bytes per parameter, widened to fp32 for each step's arithmetic and stochastically
         # rounded back (flexdemo.optim.momentum_storage).
-        self.momentum_dtype = check_momentum_dtype(momentum_dtype)
+        self.momentum = MomentumStorage(momentum_dtype, fused)
         self.param_names: dict[int, str] = {}  # id(param) -> name, for messages (set by the caller)
         # nonfinite="skip": the last exchange's flags on their way to the host and what this
         # replica sent then (put back if a replica flagged a non-finite gradient), read before
@@ -150,12 +150,9 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
     def _trainable(self):
         return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
 
-    @property
-    def _low_precision(self) -> bool:
-        return self.momentum_dtype != torch.float32
-
     def _build_compressor(self) -> TopkCompressor:
         # Local shapes never change, so the plan is built once (and again if groups are added).
+        self.momentum.bind(self._trainable())
         return TopkCompressor(
             [[p for p in g["params"] if p.requires_grad] for g in self.param_groups],
             [g["compression_chunk"] for g in self.param_groups],
@@ -185,63 +182,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
     # -- state ----------------------------------------------------------------------------
 
     def _delta(self, p: torch.Tensor) -> torch.Tensor:
-        state = self.state[p]
-        if "delta" not in state:
-            # Shaped like the parameter (a DTensor if it is one) so DCP can save and reshard it.
-            state["delta"] = torch.zeros_like(p, dtype=self.momentum_dtype)
-            if self._low_precision:  # the rounding's counter: a resumed run draws the same bits
-                state["rounding_step"] = torch.zeros((), dtype=torch.int64)
-        return state["delta"]
-
-    def _select(self, b, grads, group, bad) -> tuple[torch.Tensor, torch.Tensor]:
-        """The bucket's momentum update, top-k and error feedback (compressor.select); a bf16
-        momentum is widened to fp32 a bounded chunk of members at a time and rounded back."""
-        comp = self.compressor
-        kw = dict(scale=group["lr"], decay=group["compression_decay"], skip_incs=bad)
-        if not self._low_precision:
-            return comp.select(b, [_local(self.state[m.param]["delta"]) for m in b.members], grads, **kw)
-        parts = []
-        for members in self._member_chunks(b):
-            work = self._widened(b, members)
-            parts.append(comp.select(b, work, [grads[i] for i in members], members=members, **kw))
-            self._round_back(b, members, work, phase=0)
-        return torch.cat([i for i, _ in parts]), torch.cat([v for _, v in parts])
-
-    def _restore(self, b, idx: torch.Tensor, vals: torch.Tensor) -> None:
-        """Give back to the bucket's momentum what ``idx``/``vals`` took out (compressor.restore)."""
-        comp = self.compressor
-        if not self._low_precision:
-            comp.restore(b, idx, vals, [_local(self.state[m.param]["delta"]) for m in b.members])
-            return
-        for members in self._member_chunks(b):
-            work = self._widened(b, members)
-            comp.restore(b, idx, vals, work, members=members)
-            self._round_back(b, members, work, phase=1)
-
-    def _member_chunks(self, b) -> list[list[int]]:
-        return chunks([_local(m.param).numel() for m in b.members])
-
-    def _widened(self, b, members: list[int]) -> list[torch.Tensor]:
-        return [_local(self.state[b.members[i].param]["delta"]).float() for i in members]
-
-    def _round_back(self, b, members: list[int], work: list[torch.Tensor], phase: int) -> None:
-        index = self._param_index()
-        for i, w in zip(members, work):
-            p = b.members[i].param
-            state = self.state[p]
-            seed = rounding_seed(index[id(p)], int(state["rounding_step"]), phase)
-            round_into(_local(state["delta"]), w, p, seed, fused=self.fused)
-
-    def _param_index(self) -> dict[int, int]:
-        """id(param) -> its place among the trainable parameters (the same on every replica and layout)."""
-        if getattr(self, "_index_cache", None) is None:
-            self._index_cache = {id(p): i for i, p in enumerate(self._trainable())}
-        return self._index_cache
-
-    def _count_rounding_step(self) -> None:
-        if self._low_precision:
-            for p in self._trainable():
-                self.state[p]["rounding_step"] += 1
+        return self.momentum.create(p, self.state[p])
 
     # -- step -----------------------------------------------------------------------------
 
@@ -249,7 +190,6 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         super().add_param_group(param_group)
         if getattr(self, "compressor", None) is not None:  # the base class adds the first groups
             self.compressor = self._build_compressor()
-            self._index_cache = None
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -278,10 +218,12 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
             # A missing grad counts as zero (every replica must pack the same layout), and so
             # does every grad of a replica that saw a non-finite one (bad, read on the device).
             grads = [local_grad(m.param) for m in b.members]
-            idx, vals = self._select(b, grads, self.param_groups[b.group_index], bad)
+            group = self.param_groups[b.group_index]
+            idx, vals = self.momentum.select(comp, b, self.state, grads, scale=group["lr"],
+                                             decay=group["compression_decay"], skip_incs=bad)
             sent.append((idx, vals))
             payloads.append(comp.pack(b, idx, vals))
-        self._count_rounding_step()
+        self.momentum.count_step(self.state, self._trainable())
         lrs = [g["lr"] for g in self.param_groups]
         flag = bad.to(torch.uint8)
         if self.overlap:
@@ -301,7 +243,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
     def _give_back(self, sent) -> None:
         """A step nobody applied: what this replica sent goes back into its momentum."""
         for b, (idx, vals) in zip(self.compressor.buckets, sent):
-            self._restore(b, idx, vals)
+            self.momentum.restore(self.compressor, b, self.state, idx, vals)
 
     def _nonfinite_here(self) -> torch.Tensor:
         """Whether any local gradient of this replica is non-finite (agreed over its shards), as a
@@ -382,23 +324,8 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
     def load_state_dict(self, state_dict) -> None:
         self._settle()
         super().load_state_dict(state_dict)
-        self._momentum_in_its_dtype()
+        self.momentum.after_load(self.state, self._trainable())
         self._restore_lookahead()
-
-    def _momentum_in_its_dtype(self) -> None:
-        """torch's load_state_dict casts state to its parameter's dtype and device: a bf16 momentum
-        would come back fp32 (exactly, and twice the memory), the rounding counter as an fp32 on the
-        GPU (read every step: a host sync). Both are put back; a momentum saved in fp32 and loaded
-        into a bf16 one is rounded to nearest once, with a fresh counter."""
-        for p in self._trainable():
-            state = self.state.get(p)
-            if not state or "delta" not in state:
-                continue
-            if state["delta"].dtype != self.momentum_dtype:
-                state["delta"] = state["delta"].to(self.momentum_dtype)
-            if self._low_precision:
-                counter = state.get("rounding_step", torch.zeros(()))
-                state["rounding_step"] = counter.to(device="cpu", dtype=torch.int64)
 
     def _apply(self, gathered: torch.Tensor, lrs: list[float], scales: list[float] | None,
                keep: torch.Tensor | None = None, sent=None) -> None:
@@ -417,7 +344,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
                                     keep)
             if feedback:
                 dropped = comp.dropped(b, idx, *sent[i])
-                self._restore(b, sent[i][0], dropped if keep is None else dropped * keep)
+                self.momentum.restore(comp, b, self.state, sent[i][0], dropped if keep is None else dropped * keep)
 
     def _create_state(self) -> None:
         for p in self._trainable():

@@ -14,6 +14,7 @@ import torch
 
 from flexdemo.compression.exchange import ExchangeTimer, Traffic, replica_mean
 from flexdemo.local import local_tensor
+from flexdemo.optim.bounded_groups import bounded_groups
 from flexdemo.optim.diloco_state import Entry
 
 DENSE_BUCKET_ELEMENTS = 1 << 26  # 256 MiB of fp32 pseudo-gradient per dense exchange
@@ -67,16 +68,6 @@ def dense_outer_exchange(
 def dense_buckets(entries: list[Entry]) -> list[list[Entry]]:
     """Consecutive entries of one device, at most DENSE_BUCKET_ELEMENTS each (a larger tensor
     alone), so the dense exchange needs a bounded flat buffer. Empty shards are skipped."""
-    buckets, current, size = [], [], 0
-    for e in entries:
-        n = local_tensor(e.param).numel()
-        if n == 0:
-            continue
-        if current and size + n > DENSE_BUCKET_ELEMENTS:
-            buckets.append(current)
-            current, size = [], 0
-        current.append(e)
-        size += n
-    if current:
-        buckets.append(current)
-    return buckets
+    nonempty = [e for e in entries if local_tensor(e.param).numel()]
+    groups = bounded_groups([local_tensor(e.param).numel() for e in nonempty], DENSE_BUCKET_ELEMENTS)
+    return [[nonempty[i] for i in group] for group in groups]
