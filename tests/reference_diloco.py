@@ -4,6 +4,7 @@ Full (unsharded) tensors, one at a time; the dense mean by an explicit all_gathe
 replica's whole pseudo-gradient, summed in rank order; the top-k variant with the FFT-built
 DCT bases of reference_demo (einsum transforms, int64 indices, two all_gathers per tensor, each
 block's own top-k, the mean over the values sent as scatter_add sums over counts); the outer optimizer is ``torch.optim.SGD`` itself.
+``transform="none"`` (SparseLoCo): identity matrices in place of the DCT bases.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from reference_demo import (ReferenceDeMo, ragged_topk, recompress_mean, referen
 
 class ReferenceDiLoCo:
     def __init__(self, params, *, lr, momentum, nesterov, compression, encoding, topk=32, chunk=64, decay=0.9,
-                 group=None, sharded_topk=None):
+                 group=None, sharded_topk=None, transform="dct"):
         # sharded_topk: the sharded exchange's re-compression of the mean (None: all_gather).
         self.sharded_topk = sharded_topk
         self.params = list(params)
         self.globals = [torch.nn.Parameter(p.detach().clone()) for p in self.params]
         self.outer = torch.optim.SGD(self.globals, lr=lr, momentum=momentum, nesterov=nesterov, foreach=False)
         self.compression, self.encoding, self.group = compression, encoding, group
-        self.topk, self.decay = topk, decay
+        self.topk, self.decay, self.transform = topk, decay, transform
         self.ef = [torch.zeros_like(p) for p in self.params]
         # Reuse reference_demo's independent DCT (bases from an FFT, einsum transforms).
         self.dct = ReferenceDeMo(self.params, lr=1.0, decay=0.0, topk=topk, chunk=chunk, weight_decay=0.0,
@@ -47,6 +48,8 @@ class ReferenceDiLoCo:
         ef, p = self.ef[i], self.params[i]
         ef.mul_(self.decay).add_(pg)
         ns, fwd, inv = self.dct._bases(p)
+        if self.transform == "none":
+            fwd = inv = [torch.eye(n, dtype=p.dtype) for n in ns]
         coeffs = self.dct._encode(ef, ns, fwd)
         ks = reference_block_topks(tuple(p.shape), self.topk, self.dct.chunk)  # a row's unused slots: value 0
         idx, val = ragged_topk(coeffs, ks)

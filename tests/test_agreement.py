@@ -86,6 +86,8 @@ CASES = {
     "diloco_dense_wire": (lambda r: _diloco(r, value_encoding="bf16"), "outer value encoding", "fp32", "bf16"),
     "diloco_topk_precision": (lambda r: _diloco(r, kernel_precision="ieee", both=dict(compression="topk", topk=4)),
                               "kernel precision", "tf32x3", "ieee"),
+    "diloco_transform": (lambda r: _diloco(r, transform="none", both=dict(compression="topk", topk=4)),
+                         "transform", "dct", "none"),
 }
 
 

@@ -104,3 +104,33 @@ def test_one_d_is_a_dct_per_chunk():
 def test_empty_tensor_has_no_blocks():
     layout = block_layout((0, 64), 64)
     assert layout.num_blocks == 0 and layout.numel == 0
+
+
+@pytest.mark.parametrize("shape", [(200,), (100, 130), (2, 70, 64)])
+def test_no_transform_rows_are_the_raw_zero_padded_blocks(shape):
+    # outer_transform = "none" (SparseLoCo): the same block grid, each row the block's raw values,
+    # row-major; the inverse puts them back exactly and crops the padding.
+    torch.manual_seed(5)
+    x = torch.randn(shape)
+    layout = block_layout(x.shape, 64, "none")
+    rows = blocks_dct(x, layout)
+    grid = x.reshape(-1, *x.shape[-2:]) if x.dim() >= 2 else x.reshape(1, 1, -1)
+    n1, n2 = layout.n1, layout.n2
+    expected = []
+    for lead in range(grid.shape[0]):
+        for r0 in range(0, grid.shape[1], n1):
+            for c0 in range(0, grid.shape[2], n2):
+                block = torch.zeros(n1, n2)
+                part = grid[lead, r0:r0 + n1, c0:c0 + n2]
+                block[: part.shape[0], : part.shape[1]] = part
+                expected.append(block.reshape(-1))
+    assert torch.equal(rows, torch.stack(expected))
+    assert torch.equal(blocks_idct(rows, layout), x)
+    before = x.clone()
+    rows += 1.0  # a copy, not a view: writing the rows leaves x alone
+    assert torch.equal(x, before)
+
+
+def test_an_unknown_transform_is_refused():
+    with pytest.raises(ValueError, match="transform must be one of"):
+        block_layout((4, 4), 64, "fft")

@@ -35,7 +35,7 @@ def _against_reference(rank, world, kw):
     reference = ReferenceDiLoCo(ref, lr=kw["outer_lr"], momentum=kw["outer_momentum"], nesterov=kw["nesterov"],
                                 compression=kw["compression"], encoding=kw["value_encoding"],
                                 topk=kw.get("topk", 32), decay=kw.get("decay", 0.9),
-                                sharded_topk=kw.get("sharded_topk"))
+                                sharded_topk=kw.get("sharded_topk"), transform=kw.get("transform", "dct"))
     inner_ref = torch.optim.AdamW(ref, lr=1e-2)
     start = [p.detach().clone() for p in ours]
     worst, identical_after_sync, differ_inside_cycle, syncs = 0.0, [], [], []
@@ -100,6 +100,19 @@ def test_topk_matches_reference_and_replicas_stay_identical(world, encoding, mom
         # parameter (6e-8 of it) over the smallest update (2.5e-3 of it): the DCT bases (matmul vs
         # FFT) round differently. Dropping the error feedback gives 0.5-1.0.
         assert worst < 1e-4, worst
+        assert traffic.received == (world - 1) * traffic.sent > 0
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sparseloco_outer_step_matches_reference(world):
+    # SparseLoCo's recipe: top-64 raw values (no DCT) per block, 2-bit values, error feedback decay
+    # 0.95, plain outer SGD at lr 1. With no transform the blocks hold the pseudo-gradients' own
+    # values, so the only rounding left is the two-level means (the reference sums in float64).
+    kw = dict(outer_lr=1.0, outer_momentum=0.0, nesterov=False, compression="topk", value_encoding="two_bit",
+              topk=8, decay=0.95, transform="none")
+    for worst, identical, differ, syncs, moved, traffic in run_ranks(_against_reference, world, kw):
+        assert identical == [True] * SYNCS and differ == [True] * SYNCS and moved > 0
+        assert worst < 1e-5, worst
         assert traffic.received == (world - 1) * traffic.sent > 0
 
 
@@ -252,6 +265,8 @@ def test_resume_mid_cycle_is_bit_identical(compression, encoding):
     (dict(compression="topk", value_encoding="scaled_sign", topk=0), "topk"),
     (dict(compression="topk", value_encoding="fp32", decay=1.5), "decay"),
     (dict(state_device="nvme"), "state_device"),
+    (dict(compression="topk", transform="fft"), "transform must be one of"),
+    (dict(transform="none"), "applies to compression='topk' only"),
 ])
 def test_bad_arguments(kwargs, match):
     args = dict(sync_interval=2)

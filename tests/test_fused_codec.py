@@ -230,6 +230,7 @@ def test_supported_layouts():
     assert not fc.fused_supported(block_layout((), 64), DEV)  # 0-D: torch path
     assert not fc.fused_supported(block_layout((256, 256), 128), DEV)  # blocks > 64
     assert not fc.fused_supported(block_layout((64, 64), 64), DEV, torch.bfloat16)
+    assert not fc.fused_supported(block_layout((64, 64), 64, "none"), DEV)  # no DCT: the kernels are DCT kernels
     # In-block offsets are int32: a block's (padded) rows times the row length must stay below
     # 2**31 (no tensor this large is allocated; the layout is only shapes).
     assert fc.fused_supported(block_layout((64, 2**25 - 64), 64), DEV)

@@ -32,7 +32,8 @@ def test_config_is_valid(path, monkeypatch):
 
 
 def _mode(stem: str) -> str:
-    for part, mode in (("adamw", "off"), ("demo_diloco", "demo_diloco"), ("diloco", "diloco")):
+    for part, mode in (("adamw", "off"), ("demo_diloco", "demo_diloco"), ("sparseloco", "demo_diloco"),
+                       ("diloco", "diloco")):
         if part in stem:
             return mode
     return "demo"

@@ -22,7 +22,8 @@ out for a payload that was not used.
 
 Each bucket has a path (:mod:`flexdemo.compression.paths`): the fused Triton kernels when all
 its tensors fit them (CUDA, fp32, >= 1-D, blocks <= 64x64), otherwise torch ops. Both give the
-same wire format.
+same wire format. ``transform="none"`` (SparseLoCo's rule) keeps the same blocks but top-k's
+their raw values: no DCT, and the torch path (the kernels are DCT kernels).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from flexdemo.compression.plan import Bucket, build_plan
 from flexdemo.compression.sharded import ShardedExchange, sharded_topks
 from flexdemo.replica_group import replica_group
 from flexdemo.local import local_tensor
-from flexdemo.wire.dct import blocks_idct
+from flexdemo.wire.dct import TRANSFORMS, blocks_idct
 from flexdemo.wire.format import FLAG_BYTES, check_encoding, check_index_coding
 
 KernelPrecision = Literal["ieee", "tf32x3"]
@@ -139,8 +140,11 @@ class TopkCompressor:
         exchange: str = "allgather",
         sharded_topk: int = 0,
         index_coding: str = "fixed",
+        transform: str = "dct",
     ):
         check_encoding(encoding)
+        if transform not in TRANSFORMS:
+            raise ValueError(f"{who}: transform must be one of {TRANSFORMS}, got {transform!r}")
         check_index_coding(index_coding)
         if exchange not in EXCHANGES:
             raise ValueError(f"{who}: exchange must be one of {EXCHANGES}, got {exchange!r}")
@@ -155,7 +159,7 @@ class TopkCompressor:
         self.encoding = encoding
         self.group = replica_group(replicate_group)
         entries = [[(t, tuple(local_tensor(t).shape), t.dtype) for t in ts] for ts in groups]
-        self.buckets, _ = build_plan(entries, chunks, topks, encoding, index_coding)
+        self.buckets, _ = build_plan(entries, chunks, topks, encoding, index_coding, transform)
         self._index = {id(b): i for i, b in enumerate(self.buckets)}
         # The exchange strategy, chosen once: its byte layout depends on the replica count and this
         # rank's place, which a torchft group may change between steps, so a layout is made per
@@ -179,6 +183,7 @@ class TopkCompressor:
         self.settings = compressor_settings(self.buckets, entries, encoding, kernel_precision, self.device)
         self.settings["exchange"] = exchange if exchange == "allgather" else f"sharded, sharded_topk {sharded_topk}"
         self.settings["index coding"] = index_coding
+        self.settings["transform"] = transform
         self.settings = {**(agree or {}), **self.settings}
         if distributed():
             check_settings_agree(who, self.settings, self.group, self.device)

@@ -66,9 +66,11 @@ def build_plan(
     topks: list[int],
     encoding: str,
     index_coding: str = "fixed",
+    transform: str = "dct",
 ) -> tuple[list[Bucket], int]:
     """Buckets for ``local_shapes[g] = [(param, local shape, dtype), ...]`` per param group, each
-    group cut into ``chunks[g]`` blocks keeping ``topks[g]`` per full chunk x chunk block.
+    group cut into ``chunks[g]`` blocks keeping ``topks[g]`` per full chunk x chunk block of its
+    ``transform`` (:class:`flexdemo.wire.dct.BlockLayout`).
 
     Tensors with no elements (empty FSDP shards) send nothing and are left out.
     Returns the buckets in payload order and the total payload bytes.
@@ -76,7 +78,7 @@ def build_plan(
     buckets: dict[tuple, Bucket] = {}
     for g, entries in enumerate(local_shapes):
         for param, shape, dtype in entries:
-            layout = block_layout(shape, chunks[g])
+            layout = block_layout(shape, chunks[g], transform)
             if layout.num_blocks == 0:
                 continue
             k, per_block = block_topks(layout, topks[g])
@@ -109,4 +111,5 @@ def describe_blocks(buckets: list[Bucket], encoding: str) -> str:
              for (n1, n2, k), (t, n, p) in shapes.items()]
     total = sum(b.nbytes(encoding) for b in buckets)
     coding = f", {buckets[0].index_coding} indices" if buckets and buckets[0].index_coding != "fixed" else ""
-    return f"DCT blocks per rank: {'; '.join(parts) or 'none'}; {total:,} payload bytes per exchange ({encoding}{coding})"
+    kind = "DCT blocks" if not buckets or buckets[0].members[0].layout.transform == "dct" else "Blocks (no transform)"
+    return f"{kind} per rank: {'; '.join(parts) or 'none'}; {total:,} payload bytes per exchange ({encoding}{coding})"

@@ -92,8 +92,8 @@ def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torc
 
     Needs a tensor with at least 1 dim (``[..., R, C]``, leading dims folded into rows; a 1-D
     tensor is one row, blocks of ``1 x n2`` as in :func:`flexdemo.wire.dct.block_layout`),
-    blocks of at most 64 x 64, at most MAX_TOPK coefficients kept per block, fp32 data, and a
-    CUDA device (or CPU under ``TRITON_INTERPRET=1``).
+    DCT blocks (not ``transform="none"``) of at most 64 x 64, at most MAX_TOPK coefficients kept per
+    block, fp32 data, and a CUDA device (or CPU under ``TRITON_INTERPRET=1``).
     """
     device = torch.device(device)
     if not HAVE_TRITON or dtype != torch.float32:
@@ -102,7 +102,7 @@ def fused_supported(layout: BlockLayout, device: torch.device | str, dtype: torc
         return False
     if device.type != "cuda" and not (device.type == "cpu" and INTERPRET):
         return False
-    if len(layout.shape) < 1 or layout.num_blocks == 0:
+    if len(layout.shape) < 1 or layout.num_blocks == 0 or layout.transform != "dct":
         return False
     if pow2_at_least(layout.n1) * layout.cols >= 2**31:  # in-block offsets are int32 (block_offsets)
         return False

@@ -11,7 +11,9 @@ group). At a sync, per parameter and on this rank's local shard:
    - ``"topk"`` (DeMo-DiLoCo): ``e = decay * e + pg``; top-k per DCT block of ``e``;
      ``e -= IDCT(sent)``; one packed all_gather; ``IDCT(mean over the replicas that selected
      each coefficient)``. Unlike the paper's code, the worker's own uncompressed ``pg`` is
-     never added back, so the update depends only on bytes every replica received;
+     never added back, so the update depends only on bytes every replica received.
+     ``transform="none"`` (SparseLoCo, arXiv 2508.15706): the same blocks, top-k of ``e``'s
+     raw values, no DCT;
 3. ``torch.optim.SGD`` (dampening 0) on ``global``, the outer gradient in its ``.grad``
    (diloco_outer.py): with momentum ``m = mu * m + g`` and the step ``g + mu * m`` (Nesterov)
    or ``m``; ``global -= lr * step``;
@@ -126,10 +128,11 @@ class DiLoCo:
         exchange: str = "allgather",
         sharded_topk: int = 0,
         index_coding: str = "fixed",
+        transform: str = "dct",
         inner_optimizers: Iterable[torch.optim.Optimizer] | None = None,
     ):
         check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
-                   topk, chunk, decay, state_device, max_consecutive_skips, nonfinite)
+                   topk, chunk, decay, state_device, max_consecutive_skips, nonfinite, transform)
         check_index_coding(index_coding)
         named = [(n, p) for n, p in named_params if p.requires_grad]
         self.sync_interval = sync_interval
@@ -169,7 +172,7 @@ class DiLoCo:
                                              fused=fused, kernel_precision=kernel_precision,
                                              timeout=exchange_timeout, who="DiLoCo", agree=agree,
                                              exchange=exchange, sharded_topk=sharded_topk,
-                                             index_coding=index_coding)
+                                             index_coding=index_coding, transform=transform)
             self._member_entry = {id(e.param): e for e in self.entries}
         else:
             self.compressor = None

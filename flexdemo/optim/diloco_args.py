@@ -8,6 +8,8 @@ from typing import Literal, get_args
 
 import torch
 
+from flexdemo.wire.dct import TRANSFORMS
+
 Compression = Literal["dense", "topk"]
 DenseEncoding = Literal["fp32", "bf16"]  # the dense outer exchange's wire dtype
 TopkEncoding = Literal["fp32", "bf16", "scaled_sign", "two_bit"]  # values of the compressed outer exchange
@@ -19,7 +21,7 @@ WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the dense excha
 
 
 def check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
-               topk, chunk, decay, state_device, max_consecutive_skips, nonfinite) -> None:
+               topk, chunk, decay, state_device, max_consecutive_skips, nonfinite, transform="dct") -> None:
     """Raise ValueError (``DiLoCo: ...``) for the first argument out of range."""
     def fail(msg):
         raise ValueError(f"DiLoCo: {msg}")
@@ -47,6 +49,10 @@ def check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, v
             fail(f"chunk must be an int >= 1, got {chunk!r}")
         if not (isinstance(decay, (int, float)) and 0.0 <= decay <= 1.0):
             fail(f"decay must be in [0, 1], got {decay!r}")
+        if transform not in TRANSFORMS:
+            fail(f"transform must be one of {TRANSFORMS}, got {transform!r}")
+    elif transform != "dct":
+        fail(f"transform={transform!r} applies to compression='topk' only (the dense mean has no blocks)")
     if state_device not in STATE_DEVICES:
         fail(f"state_device must be one of {STATE_DEVICES}, got {state_device!r}")
     if not (isinstance(max_consecutive_skips, int) and not isinstance(max_consecutive_skips, bool)

@@ -21,6 +21,7 @@ from torchtitan.config.job_config import JobConfig as _TitanJobConfig
 
 from flexdemo.compression.compressor import Exchange, KernelPrecision
 from flexdemo.optim.diloco_args import DENSE_ENCODINGS, TOPK_ENCODINGS, StateDevice, TopkEncoding
+from flexdemo.wire.dct import Transform
 from flexdemo.wire.format import IndexCoding, ValueEncoding
 
 from .elastic import check_elastic
@@ -185,6 +186,10 @@ class FlexDemo:
 
     outer_decay: float = 0.9
     """demo_diloco: decay of the outer error-feedback buffer, in [0, 1]."""
+
+    outer_transform: Transform = "dct"
+    """demo_diloco: what each outer_chunk x outer_chunk block is top-k'd in: "dct" (DeMo-DiLoCo)
+    or "none" (its raw values: SparseLoCo's rule, train_configs/*sparseloco*.toml)."""
 
     outer_state_device: StateDevice = "device"
     """DiLoCo modes: where the global copy, outer momentum and error feedback live: "device"

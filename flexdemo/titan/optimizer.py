@@ -145,10 +145,12 @@ def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cf
         exchange=cfg.exchange,
         sharded_topk=cfg.sharded_topk,
         index_coding=cfg.index_coding,
+        transform=cfg.outer_transform if topk else "dct",  # diloco: ignored, and said so (ignored_keys)
     )
     cls, kwargs = adam_class_and_kwargs(optimizer_config, cfg.mode)
+    kind = "DCT" if cfg.outer_transform == "dct" else "raw-value"
     compression = (
-        f"DCT top-k (topk={cfg.outer_topk}, chunk={cfg.outer_chunk}, decay={cfg.outer_decay}, "
+        f"{kind} top-k (topk={cfg.outer_topk}, chunk={cfg.outer_chunk}, decay={cfg.outer_decay}, "
         f"exchange={describe_exchange(cfg, cfg.outer_topk)})" if topk else "dense"
     )
     logger.info(
@@ -193,8 +195,8 @@ _OUTER_KEYS = ("sync_interval", "outer_lr", "outer_momentum", "outer_nesterov", 
 _KEYS_USED = {
     "demo": _DEMO_KEYS,
     "diloco": _OUTER_KEYS,
-    "demo_diloco": (*_OUTER_KEYS, "outer_topk", "outer_chunk", "outer_decay", "kernel_precision", "exchange",
-                    "sharded_topk", "index_coding"),
+    "demo_diloco": (*_OUTER_KEYS, "outer_topk", "outer_chunk", "outer_decay", "outer_transform", "kernel_precision",
+                    "exchange", "sharded_topk", "index_coding"),
     "off": (),
 }
 _KEYS_USED_BY_EVERY_MODE = ("mode", "replica_check_interval", "replica_check_action", "validation_same_batches",

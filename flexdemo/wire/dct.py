@@ -12,6 +12,9 @@ DCT per chunk) and 0-D tensors as ``[1, 1]``.
 
 Coefficients are returned as ``[num_blocks, n1 * n2]`` so that top-k and scatter work on
 the last dim with no Python loop over blocks. The inverse crops the padding away.
+
+A layout's ``transform`` may also be ``"none"`` (SparseLoCo's rule: the same blocks, top-k of the
+raw values): then the "coefficients" are each block's elements, row-major, and no matmul runs.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
+
+Transform = Literal["dct", "none"]  # what each block is top-k'd in: its DCT, or its raw values
+TRANSFORMS = get_args(Transform)
 
 
 def chunk_size(dim: int, target: int) -> int:
@@ -42,6 +49,7 @@ class BlockLayout:
     n1: int  # block height
     n2: int  # block width
     chunk: int  # the target edge the blocks were cut for (a full block is chunk x chunk)
+    transform: Transform = "dct"
 
     @property
     def block_numel(self) -> int:
@@ -79,7 +87,9 @@ class BlockLayout:
         return [h * w for h in heights for w in widths] * self.lead if self.numel else []
 
 
-def block_layout(shape: tuple[int, ...] | torch.Size, chunk: int) -> BlockLayout:
+def block_layout(shape: tuple[int, ...] | torch.Size, chunk: int, transform: Transform = "dct") -> BlockLayout:
+    if transform not in TRANSFORMS:
+        raise ValueError(f"transform must be one of {TRANSFORMS}, got {transform!r}")
     shape = tuple(int(s) for s in shape)
     if len(shape) == 0:
         lead, rows, cols = 1, 1, 1
@@ -87,7 +97,7 @@ def block_layout(shape: tuple[int, ...] | torch.Size, chunk: int) -> BlockLayout
         lead, rows, cols = 1, 1, shape[0]
     else:
         lead, rows, cols = math.prod(shape[:-2]), shape[-2], shape[-1]
-    return BlockLayout(shape, lead, rows, cols, chunk_size(rows, chunk), chunk_size(cols, chunk), int(chunk))
+    return BlockLayout(shape, lead, rows, cols, chunk_size(rows, chunk), chunk_size(cols, chunk), int(chunk), transform)
 
 
 @lru_cache(maxsize=None)
@@ -125,10 +135,14 @@ def _padded_view(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
 def blocks_dct(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     """``x`` (shaped ``layout.shape``) -> coefficients ``[num_blocks, n1 * n2]``."""
     L, n1, n2 = layout, layout.n1, layout.n2
-    f1 = dct_matrix(n1, x.dtype, x.device)
-    f2 = dct_matrix(n2, x.dtype, x.device)
     x = _padded_view(x, L)
     rb, cb = L.row_blocks, L.col_blocks
+    if L.transform == "none":  # a copy, never a view: callers update the tensor and read the rows
+        out = x.new_empty(L.num_blocks, n1 * n2)
+        out.view(L.lead * rb, cb, n1, n2).copy_(x.reshape(L.lead * rb, n1, cb, n2).transpose(1, 2))
+        return out
+    f1 = dct_matrix(n1, x.dtype, x.device)
+    f2 = dct_matrix(n2, x.dtype, x.device)
     # Last dim first: contiguous chunks of n2, one large GEMM.
     y = x.reshape(-1, n2) @ f2.T
     # Then the row dim: per row-block a (n1 x n1) @ (n1 x padded cols) product.
@@ -142,13 +156,12 @@ def blocks_idct(coeffs: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     """Inverse of :func:`blocks_dct`: ``[num_blocks, n1 * n2]`` -> tensor of ``layout.shape``
     (what falls on the padding of partial blocks is dropped)."""
     L, n1, n2 = layout, layout.n1, layout.n2
-    f1 = dct_matrix(n1, coeffs.dtype, coeffs.device)
-    f2 = dct_matrix(n2, coeffs.dtype, coeffs.device)
     rb, cb = L.row_blocks, L.col_blocks
     y = coeffs.reshape(L.lead * rb, cb, n1, n2).transpose(1, 2)
     y = y.reshape(L.lead * rb, n1, cb * n2)
-    y = torch.matmul(f1.T, y)
-    y = y.reshape(-1, n2) @ f2
+    if L.transform == "dct":
+        y = torch.matmul(dct_matrix(n1, coeffs.dtype, coeffs.device).T, y)
+        y = y.reshape(-1, n2) @ dct_matrix(n2, coeffs.dtype, coeffs.device)
     if L.padded:
         y = y.reshape(L.lead, rb * n1, cb * n2)[:, : L.rows, : L.cols]
     return y.reshape(layout.shape)
