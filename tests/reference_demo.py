@@ -49,8 +49,8 @@ def reference_payload_nbytes(shapes, topk, chunk, encoding):
     """The wire format written out independently, for tensors of ``shapes`` in one param group:
     tensors whose blocks share a shape and k form one stream (a tensor whose blocks keep
     different k, its own kind of bucket with one sub-stream per k, each byte-aligned) of
-    ceil(count * index bits / 8) index bytes, then the values (1-bit ones: then a bits_for(k + 1)
-    voter count per block); one flag byte ends the payload."""
+    ceil(count * index bits / 8) index bytes, then the values (1- and 2-bit ones: then a
+    bits_for(k + 1) voter count per block); one flag byte ends the payload."""
     uniform, ragged = {}, {}
     for shape in shapes:
         if math.prod(shape) == 0:
@@ -71,7 +71,9 @@ def reference_payload_nbytes(shapes, topk, chunk, encoding):
         count = b * k
         idx_bits = math.ceil(math.log2(numel)) if numel > 1 else 0
         votes = math.ceil(count / 8) + math.ceil(b * math.ceil(math.log2(k + 1)) / 8)  # 0..k voters per block
-        value_bytes = {"fp32": 4 * count, "bf16": 2 * count, "sign": votes, "scaled_sign": votes + 4 * b}[encoding]
+        # two_bit: a size bit per value after the sign bits, two fp32 levels per block
+        value_bytes = {"fp32": 4 * count, "bf16": 2 * count, "sign": votes, "scaled_sign": votes + 4 * b,
+                       "two_bit": votes + math.ceil(count / 8) + 8 * b}[encoding]
         total += math.ceil(count * idx_bits / 8) + value_bytes
     return total + 1
 

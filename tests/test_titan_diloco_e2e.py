@@ -157,3 +157,25 @@ def test_dense_diloco_with_host_state(tmp_path, assets):
         for step, (sent, received, *_t) in run.exchange(rank).items():
             if step % H == 0:
                 assert received == 2 * chunk * 2 and sent == 2 * chunk * 2, (rank, step, sent, received)
+
+
+def test_the_sparseloco_preset_trains_with_identical_replicas_and_the_formulas_bytes(tmp_path, assets):
+    """train_configs/gpu_2gpu_sparseloco.toml as shipped (H = 30, raw top-64 of 64x64 blocks,
+    2-bit values, plain outer SGD), shrunk only in size: the debug flavor, short sequences, two
+    outer steps; 2 CPU processes = 2 replicas x 1 shard."""
+    sync = 30
+    run = launch(CONFIGS / "gpu_2gpu_sparseloco.toml", tmp_path, "--model.flavor", "debugmodel",
+                 "--training.dataset", "flexdemo_stdlib", "--validation.dataset", "flexdemo_stdlib_validation",
+                 "--training.seq_len", "64", "--training.local_batch_size", "2", "--training.steps", str(2 * sync),
+                 "--validation.no_enable", "--checkpoint.no_enable", "--flexdemo.replica_check_interval", str(sync),
+                 "--metrics.log_freq", "1", "--metrics.no_enable_tensorboard", "--training.mixed_precision_param",
+                 "float32", assets=assets, timeout=RUN_TIMEOUT, nproc=2)
+    assert run.returncode == 0, run.output[-6000:]
+    assert "raw-value top-k (topk=64, chunk=64, decay=0.95" in run.output
+    assert "Blocks (no transform) per rank" in run.output  # the compressor's own layouts say so
+    d = run.digests(range(2))
+    assert d[(0, sync)] == d[(1, sync)] and d[(0, 2 * sync)] == d[(1, 2 * sync)] and d[(0, sync)] != d[(0, 2 * sync)]
+    expected = expected_payload_bytes(shard=0, encoding="two_bit", shards=1, topk=64)
+    for rank in (0, 1):
+        outer = {step: (sent, received) for step, (sent, received, *_t) in run.exchange(rank).items() if sent}
+        assert outer == {sync: (expected, expected), 2 * sync: (expected, expected)}, (rank, outer)
