@@ -201,10 +201,12 @@ def test_switching_optimizers_through_a_model_only_checkpoint(tmp_path, assets):
     runs = [(HSDP, "off"), (DEMO, "demo"), (HSDP, "off")]  # AdamW -> FlexDeMo -> AdamW
     previous = None
     for i, (config, mode) in enumerate(runs):
-        args = ["--training.steps", "4", "--checkpoint.enable", "--checkpoint.interval", "4"]  # last save: model only
+        # 2 replicas x 1 shard: the switch is what is tested, not the layout (2 processes start faster)
+        args = ["--training.steps", "4", "--checkpoint.enable", "--checkpoint.interval", "4",  # last save: model only
+                *_topology(2, 1)]
         if previous is not None:
             args += ["--checkpoint.initial_load_path", str(previous.dump / "checkpoint" / "step-4")]
-        run = launch(config, tmp_path / f"run{i}", *args, assets=assets, timeout=TIMEOUT)
+        run = launch(config, tmp_path / f"run{i}", *args, assets=assets, timeout=TIMEOUT, nproc=2)
         assert run.returncode == 0, run.output[-6000:]
         losses = run.losses(0)
         if previous is None:

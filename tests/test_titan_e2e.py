@@ -256,17 +256,16 @@ def test_overlap_resume_is_bit_identical(tmp_path, assets, lookahead):
     assert resumed.digests()[(0, steps)] == full.digests()[(0, steps)]
 
 
-def test_elias_fano_indices_train_the_same_run_with_fewer_bytes(tmp_path, assets):
-    # 2 replicas x 2 shards on CPU: index_coding = "elias_fano" against fixed-width indices, the
-    # same losses and replica digests, fewer bytes in the exchange metrics.
-    args = ("--training.steps", "4", "--flexdemo.replica_check_interval", "4")
-    fixed = launch(DEMO, tmp_path / "fixed", *args, assets=assets, timeout=RUN_TIMEOUT)
-    ef = launch(DEMO, tmp_path / "ef", *args, "--flexdemo.index_coding", "elias_fano", assets=assets,
+def test_elias_fano_indices_train_the_same_run_with_fewer_bytes(demo_run, tmp_path, assets):
+    # 2 replicas x 2 shards on CPU: index_coding = "elias_fano" against the shared run's fixed-width
+    # indices, the same losses and replica digests, fewer bytes in the exchange metrics.
+    fixed = demo_run
+    ef = launch(DEMO, tmp_path / "ef", *_demo_overrides(), "--flexdemo.index_coding", "elias_fano", assets=assets,
                 timeout=RUN_TIMEOUT)
-    assert fixed.returncode == 0 and ef.returncode == 0, (fixed.output[-3000:], ef.output[-3000:])
+    assert ef.returncode == 0, ef.output[-3000:]
     assert "elias_fano indices" in ef.output
-    assert ef.losses(0) == fixed.losses(0) and sorted(ef.losses(0)) == [1, 2, 3, 4]
-    assert ef.digests()[(0, 4)] == fixed.digests()[(0, 4)]
+    assert ef.losses(0) == fixed.losses(0) and sorted(ef.losses(0)) == list(range(1, STEPS + 1))
+    assert ef.digests()[(0, STEPS)] == fixed.digests()[(0, STEPS)]
     for rank in range(4):
         for step, (sent, received, _, _) in ef.exchange(rank).items():
             assert 0 < sent < fixed.exchange(rank)[step][0] and received < fixed.exchange(rank)[step][1]
