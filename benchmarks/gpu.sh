@@ -13,7 +13,8 @@
 #   codec                 encode/decode time per encoding, torch vs fused, and the kernels (1 GPU)
 #   step [BASELINE_DIR]   one optimizer step at 1B shapes: DeMo vs fused AdamW; BASELINE_DIR: the
 #                         same for an older flexdemo package (git archive REV flexdemo | tar -x -C DIR)
-#   outer [ARGS]          the DiLoCo outer step alone, 2 GPUs (benchmarks/outer_step.py ARGS)
+#   outer [ARGS]          the DiLoCo outer step alone, 2 GPUs; on 1 GPU one replica, the codec without the
+#                         exchange (benchmarks/outer_step.py ARGS)
 #   runs [ARGS]           torchtitan runs side by side with their held-out losses (benchmarks/runs.py)
 #   link [ARGS]           torchtitan runs over a real shaped link, 2 GPUs (benchmarks/shaped_link.py)
 #   checks                GPU correctness: zero votes, start-up agreement, skipped steps, overlap's delayed
@@ -64,7 +65,7 @@ step)
   fi
   ;;
 outer)
-  timeout 540 torchrun --nproc_per_node 2 --master_port 29511 benchmarks/outer_step.py "$@" \
+  timeout 540 torchrun --nproc_per_node $(( NGPU >= 2 ? 2 : 1 )) --master_port 29511 benchmarks/outer_step.py "$@" \
     --json "$R/outer_step.json" 2>&1 | tee "$R/outer_step.log" | grep -vi warning | tail -20
   ;;
 runs)

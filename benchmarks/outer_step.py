@@ -5,6 +5,8 @@ Run with one process per GPU (2 replicas x 1 shard):
   torchrun --nproc_per_node 2 benchmarks/outer_step.py --flavor 1B --json out.json
   # the outer top-k's cost as k grows, fused kernels vs torch path, state on the GPU only:
   torchrun --nproc_per_node 2 benchmarks/outer_step.py --topk 32,64,128,256 --configs topk:scaled_sign --no-host-state
+  # SparseLoCo's outer step (raw values, no DCT: the torch path) against DCT top-k, one GPU:
+  torchrun --nproc_per_node 1 benchmarks/outer_step.py --topk 64 --configs topk:two_bit --transform none --no-host-state
   # the outer SGD alone, one GPU: torch.optim.SGD against the hand-written step it replaced, and
   # what stepping host-resident state with torch.optim.SGD would cost against streaming it:
   python3 benchmarks/outer_step.py --sgd-check --json sgd.json
@@ -36,6 +38,7 @@ CONFIGS = [
     ("dense", "fp32"),
     ("topk", "fp32"),
     ("topk", "scaled_sign"),
+    ("topk", "two_bit"),
 ]
 
 
@@ -72,7 +75,7 @@ def replicas_identical(params) -> bool:
         return False
 
 
-def run_config(shapes, compression, encoding, state_device, fused, syncs, device, topk=32):
+def run_config(shapes, compression, encoding, state_device, fused, syncs, device, topk=32, transform="dct"):
     cuda = device.type == "cuda"  # on CPU (a smoke test with gloo) there are no memory numbers
     mem = torch.cuda if cuda else None
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -82,8 +85,8 @@ def run_config(shapes, compression, encoding, state_device, fused, syncs, device
     sync()
     base = mem.memory_allocated() if cuda else 0
     outer = DiLoCo(params, sync_interval=1, inner_optimizers=(), compression=compression, value_encoding=encoding,
-                   topk=topk,
-                   chunk=64, decay=0.9, state_device=state_device, fused=fused)
+                   topk=topk, chunk=64, decay=0.9, state_device=state_device, fused=fused,
+                   transform=transform if compression == "topk" else "dct")
     sync()
     persistent = mem.memory_allocated() - base if cuda else 0
     rank = dist.get_rank()
@@ -105,6 +108,8 @@ def run_config(shapes, compression, encoding, state_device, fused, syncs, device
     result = {
         "compression": compression, "encoding": encoding, "state_device": state_device, "fused": fused,
         "topk": topk if compression == "topk" else None,
+        "transform": transform if compression == "topk" else None,
+        "fused_kernels": outer.compressor.uses_fused_kernels if outer.compressor is not None else False,
         "sync_ms_first": 1e3 * times[0], "sync_ms": 1e3 * min(times[1:]) if len(times) > 1 else None,
         "state_gpu_bytes_per_param": persistent / numel, "sync_peak_extra_gpu_bytes_per_param": peak / numel,
         "bytes_sent": outer.last_traffic.sent, "bytes_received": outer.last_traffic.received,
@@ -202,6 +207,8 @@ def main():
     ap.add_argument("--configs", default=",".join(f"{c}:{e}" for c, e in CONFIGS),
                     help="compression:encoding pairs to run (default: all)")
     ap.add_argument("--no-host-state", action="store_true", help="skip the rows with state in pinned host memory")
+    ap.add_argument("--transform", default="dct", choices=["dct", "none"],
+                    help="the top-k rows' block transform (none: SparseLoCo's raw values, torch path only)")
     ap.add_argument("--sgd-check", action="store_true", help="the outer SGD alone (one process, no exchange)")
     ap.add_argument("--sgd-numel", type=int, default=1 << 28, help="--sgd-check: parameters (2048x8192 tensors)")
     args = ap.parse_args()
@@ -230,7 +237,7 @@ def main():
     rows = []
     for compression, encoding in configs:
         for topk in topks if compression == "topk" else [None]:
-            kw = dict(syncs=args.syncs, device=device, topk=topk or 32)
+            kw = dict(syncs=args.syncs, device=device, topk=topk or 32, transform=args.transform)
             on_gpu, final_gpu = run_config(shapes, compression, encoding, "device", True, **kw)
             rows.append(on_gpu)
             if not args.no_host_state:
@@ -238,14 +245,15 @@ def main():
                 on_cpu["bitwise_equal_to_gpu_state"] = all(torch.equal(a, b) for a, b in zip(final_gpu, final_cpu))
                 rows.append(on_cpu)
                 del final_cpu
-            if compression == "topk":
+            if compression == "topk" and args.transform == "dct":  # with none both rows are the torch path
                 torch_path, final_torch = run_config(shapes, compression, encoding, "device", False, **kw)
                 worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(final_gpu, final_torch))
                 torch_path["max_rel_diff_fused_vs_torch"] = worst
                 rows.append(torch_path)
                 del final_torch
             del final_gpu
-    report = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__, "flavor": args.flavor,
+    report = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__,
+              "flavor": args.flavor, "transform": args.transform,
               "parameters": numel, "replicas": dist.get_world_size(), "syncs": args.syncs, "rows": rows}
     if rank == 0:
         print(json.dumps(report, indent=1))
