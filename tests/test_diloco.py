@@ -2,8 +2,6 @@
 replicas bit-identical after every sync; sharded == unsharded; state round trip mid-cycle;
 argument errors."""
 
-import math
-
 import pytest
 import torch
 import torch.nn as nn

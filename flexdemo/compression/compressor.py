@@ -32,7 +32,6 @@ import time
 from typing import Literal, get_args
 
 import torch
-import torch.distributed as dist
 
 from flexdemo.compression.agreement import check_settings_agree, compressor_settings
 from flexdemo.compression.codec import sent_values
