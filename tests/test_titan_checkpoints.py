@@ -220,6 +220,9 @@ def test_switching_optimizers_through_a_model_only_checkpoint(tmp_path, assets):
     (("--flexdemo.topk", "16"), 4, "was written with [mode=demo,topk=32,chunk=64,value_encoding=sign,overlap=False], "
                                    "this run asks for [mode=demo,topk=16,"),
     (("--flexdemo.mode", "off"), 4, "this run asks for [mode=off]"),
+    # a bf16 momentum keeps a rounding counter an fp32 one has not
+    (("--flexdemo.momentum_dtype", "bfloat16"), 4, "this run asks for [mode=demo,topk=32,chunk=64,value_encoding=sign,"
+                                                   "overlap=False,momentum_dtype=bfloat16]"),
     # torchtitan's own text dataloader cannot reshard a data position (flexdemo's corpora can).
     (("--training.dataset", "c4", *_topology(2, 1)), 2, "holds the data position of 4 data-parallel ranks, "
                                                         "this run has 2 (replicas x shards): torchtitan's dataloader "

@@ -63,6 +63,8 @@ def format_tag(cfg) -> str:
             items.update(lookahead=True)
         if cfg.index_coding != "fixed":  # the bytes of an exchange in flight (overlap)
             items.update(index_coding=cfg.index_coding)
+        if cfg.momentum_dtype != "float32":  # a bf16 momentum and its rounding counter (named only when on)
+            items.update(momentum_dtype=cfg.momentum_dtype)
     elif cfg.mode in ("diloco", "demo_diloco"):
         items.update(outer_momentum=cfg.outer_momentum > 0, outer_value_encoding=cfg.outer_value_encoding)
         if cfg.mode == "demo_diloco":
