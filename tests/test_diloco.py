@@ -103,9 +103,9 @@ def test_topk_matches_reference_and_replicas_stay_identical(world, encoding, mom
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_sparseloco_outer_step_matches_reference(world):
-    # SparseLoCo's recipe: top-64 raw values (no DCT) per block, 2-bit values, error feedback decay
-    # 0.95, plain outer SGD at lr 1. With no transform the blocks hold the pseudo-gradients' own
-    # values, so the only rounding left is the two-level means (the reference sums in float64).
+    # SparseLoCo's recipe at the toy's size: top-k of each block's raw values (no DCT), 2-bit values,
+    # error feedback decay 0.95, plain outer SGD at lr 1. With no transform the blocks hold the
+    # pseudo-gradients' own values, so the only rounding left is the two-level means.
     kw = dict(outer_lr=1.0, outer_momentum=0.0, nesterov=False, compression="topk", value_encoding="two_bit",
               topk=8, decay=0.95, transform="none")
     for worst, identical, differ, syncs, moved, traffic in run_ranks(_against_reference, world, kw):
