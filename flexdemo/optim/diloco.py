@@ -11,9 +11,8 @@ group). At a sync, per parameter and on this rank's local shard:
    - ``"topk"`` (DeMo-DiLoCo): ``e = decay * e + pg``; top-k per DCT block of ``e``;
      ``e -= IDCT(sent)``; one packed all_gather; ``IDCT(mean over the replicas that selected
      each coefficient)``. Unlike the paper's code, the worker's own uncompressed ``pg`` is
-     never added back, so the update depends only on bytes every replica received.
-     ``transform="none"`` (SparseLoCo, arXiv 2508.15706): the same blocks, top-k of ``e``'s
-     raw values, no DCT;
+     never added back, so the update depends only on bytes every replica received
+     (``transform="none"``, SparseLoCo's rule: top-k of ``e``'s raw blocks, no DCT);
 3. ``torch.optim.SGD`` (dampening 0) on ``global``, the outer gradient in its ``.grad``
    (diloco_outer.py): with momentum ``m = mu * m + g`` and the step ``g + mu * m`` (Nesterov)
    or ``m``; ``global -= lr * step``;
@@ -53,8 +52,7 @@ on every rank, naming the replicas and parameters: a fault that repeats every cy
 an inner lr that diverges) stops the run instead of letting it go on without learning.
 
 State (``global``, outer momentum, error feedback: 12 bytes per parameter) lives on the
-parameters' device, or with ``state_device="cpu"`` in (pinned) host memory, streamed through
-the device one tensor at a time.
+parameters' device, or with ``state_device="cpu"`` in pinned host memory, streamed one tensor at a time.
 
 The inner optimizers are required (else their NaN moments would discard every later cycle): the
 first step refuses with a ValueError naming the call when none were given (``()``: no state).
