@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# flexdemo launcher: torchrun + torchtitan 0.2.2 through `python -m flexdemo.titan.run`.
+# flexdemo launcher: torchrun's launcher + torchtitan 0.2.2, ranks running flexdemo.titan.run
+# (through flexdemo.titan.launch: the config checked once, then torchrun in the same process).
 #
 #   scripts/launch.sh CONFIG.toml [--section.key value ...]
 #
@@ -27,7 +28,8 @@
 #                    was removed: set FLEXDEMO_CACHE, or hf_assets_path to a folder built
 #                    with `python -m flexdemo.data --out DIR`.)
 #
-# Without a GPU it runs on CPU with gloo (OMP_NUM_THREADS=1 unless set).
+# Without a GPU it runs on CPU with gloo (OMP_NUM_THREADS=1 unless set), the ranks forked from a
+# process that has imported torch once (flexdemo.titan.launch says why).
 set -euo pipefail
 
 CONFIG=${1:?usage: scripts/launch.sh CONFIG.toml [--section.key value ...]}
@@ -46,22 +48,6 @@ if [[ -n "${IFNAME:-}" ]]; then
   export GLOO_SOCKET_IFNAME="$IFNAME" NCCL_SOCKET_IFNAME="$IFNAME"
 fi
 
-# Pre-flight in ONE process: process count, config validation for the final world
-# size (a bad config fails here, once, before any rank starts), embedded assets built
-# once where the config needs them (then passed as --model.hf_assets_path, said in one line).
-PRE=$("$PYTHON" -m flexdemo.titan.preflight "$CONFIG" "$@")
-eval "$(grep '^FD_' <<<"$PRE")"
-NPROC=$FD_NPROC
-if [[ "$FD_NGPU" -eq 0 ]]; then
-  # CPU fallback: flexdemo.titan.run applies its CPU shim; torchtitan picks gloo for "cpu".
-  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-  echo "launch.sh: no GPU found, running $NPROC CPU processes with gloo" >&2
-fi
-ASSET_ARGS=()
-if [[ -n "$FD_ASSETS" ]]; then
-  ASSET_ARGS=(--model.hf_assets_path "$FD_ASSETS")
-fi
-
 # Rendezvous: torchrun's static one keeps the workers' store for every attempt, so after a
 # restart the new ranks read the dead ranks' gloo/NCCL addresses ("Connection refused";
 # pytorch/pytorch#167288). Restarts therefore use the c10d rendezvous with a fresh workers' store
@@ -73,8 +59,11 @@ if [[ "$MAX_RESTARTS" -gt 0 ]]; then
 else
   RDZV=(--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 fi
-exec torchrun \
-  --nnodes "$NNODES" --nproc_per_node "$NPROC" --max-restarts "$MAX_RESTARTS" "${RDZV[@]}" \
+# One process per node: the config checked once (process count, validation for the final world
+# size, the memory estimate, embedded assets built where needed; a bad config fails here, before
+# any rank starts), then torchrun's launcher in the same process (flexdemo.titan.launch).
+exec "$PYTHON" -m flexdemo.titan.launch \
+  --nnodes "$NNODES" --max-restarts "$MAX_RESTARTS" "${RDZV[@]}" \
   ${LOCAL_ADDR:+--local-addr "$LOCAL_ADDR"} \
   --local-ranks-filter "$LOG_RANK" --role rank --tee 3 ${LOG_DIR:+--log-dir "$LOG_DIR"} \
-  -m flexdemo.titan.run --job.config_file "$CONFIG" "${ASSET_ARGS[@]}" "$@"
+  -- "$CONFIG" "$@"

@@ -118,17 +118,18 @@ def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeou
 
 
 def worker_pid(dump: Path, local_rank: int) -> int | None:
-    """The training process of ``local_rank`` in the job writing to ``dump`` (only the workers,
-    not torchrun or launch.sh, carry LOCAL_RANK in their environment)."""
+    """The training process of ``local_rank`` in the job writing to ``dump``: the one whose
+    stdout is that rank's log under LOG_DIR (launch() sets it; torchrun redirects each worker's
+    output there, however the worker was started)."""
+    logs = str(dump / "torchrun_logs")
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            env = (proc / "environ").read_bytes().split(b"\0")
+            out = os.readlink(proc / "fd" / "1")
         except OSError:
             continue
-        if "flexdemo.titan.run" in cmd and str(dump) in cmd and f"LOCAL_RANK={local_rank}".encode() in env:
+        if out.startswith(logs) and Path(out).parent.name == str(local_rank) and out.endswith("stdout.log"):
             return int(proc.name)
     return None
 

@@ -1,6 +1,7 @@
-"""The ways into a flexdemo run: ``python -m flexdemo.titan.run`` (:func:`run`), the launcher's
-``python -m flexdemo.titan.preflight`` (:func:`preflight`), the check under torchtitan's own entry
-point (:func:`check_stock_entry_or_exit`), and the Trainer they run (:class:`FlexTrainer`).
+"""The ways into a flexdemo run: ``python -m flexdemo.titan.run`` (:func:`run`), the config check
+the launcher (flexdemo.titan.launch) and every rank run (:func:`check_config_or_exit`), the check
+under torchtitan's own entry point (:func:`check_stock_entry_or_exit`), and the Trainer they run
+(:class:`FlexTrainer`).
 
 ``run``: ``python -m flexdemo.titan.run --job.config_file X.toml [--section.key v ...]``, the same
 CLI as ``python -m torchtitan.train``. Before torchtitan starts it
@@ -12,18 +13,6 @@ CLI as ``python -m torchtitan.train``. Before torchtitan starts it
 Then it runs torchtitan's stock trainer main with FlexTrainer. Replicas that disagree on a
 setting of the exchange (flexdemo.compression.agreement) end the same way as a bad config: one
 line, exit code 2.
-
-``preflight``: ``python -m flexdemo.titan.preflight CONFIG.toml [--section.key v ...]``, run once
-per node by scripts/launch.sh before torchrun, so a bad config fails in one process with one
-message instead of in every rank:
-  1. pick the process count (NPROC env, else #GPUs, else the config's replicate x shard
-     degrees on CPU, or 4 CPU processes where the shard degree is -1),
-  2. validate the config for the final world size (NNODES x NPROC) and print the memory
-     estimate per GPU to stderr (``[flexdemo] memory_check`` warns or refuses as in ``run``),
-  3. where the config's ``[model] hf_assets_path`` holds no tokenizer and it asks for an
-     embedded dataset (or names no path), build flexdemo's assets once (under $FLEXDEMO_CACHE,
-     default ~/.cache/flexdemo) and say so in one line; a config's own tokenizer is kept.
-It prints ``FD_NGPU=..``, ``FD_NPROC=..``, ``FD_ASSETS=..`` (empty: keep the config's) for the shell.
 
 ``FlexTrainer``: torchtitan's Trainer with the per-step token count kept inside a replica.
 torchtitan normalises each step's loss by the token count of the whole batch mesh, which
@@ -44,12 +33,11 @@ With ``overlap_lookahead`` the validator is wrapped to score the replicas' commo
 (metrics.ConsensusValidator); the stock Trainer would score each replica's look-ahead.
 """
 
+import multiprocessing
 import os
-import shlex
 import sys
 import time
 
-import torch
 from torchtitan.config import ConfigManager
 from torchtitan.train import Trainer
 from torchtitan.train import main as titan_main
@@ -66,7 +54,6 @@ from .torchtitan_workarounds import replica_local_batch_view
 
 CONFIG_ERROR_EXIT = 2
 RANK0_GRACE_SECONDS = 3
-CPU_DEFAULT_NPROC = 4
 
 
 def check_config(argv: list[str], world_size: int | None, memory_estimate: bool = True):
@@ -145,7 +132,7 @@ def check_stock_entry_or_exit() -> None:
     flexdemo runs before torchtitan has set up the process group -- except the
     ``custom_import`` module, which calls this: the run's own arguments are checked
     there, so a bad config ends every rank with one line and exit code 2, before any
-    collective. Other entry points check for themselves (``run`` and ``preflight`` below)."""
+    collective. Other entry points check for themselves (``run`` below, flexdemo.titan.launch)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is None or spec.name != "torchtitan.train":
         return
@@ -187,34 +174,8 @@ def run(argv: list[str] | None = None) -> None:
         titan_main(FlexTrainer)
     except (ReplicaSettingsMismatch, ElasticJoinError) as e:  # before training, every rank alike: one line, exit 2
         _exit_config_error(str(e), process_group_up=True)
-    if cpu_shim.active():
-        cpu_shim.exit_without_teardown(0)  # errors never get here: they raise out of titan_main
-
-
-def cpu_processes(config: str, overrides: list[str]) -> int:
-    """On CPU: the config's replicate x shard degrees where both are given (one process per
-    replica of an elastic config), else CPU_DEFAULT_NPROC."""
-    # No estimate here: the world size is not known yet (the check below has it).
-    p = check_config_or_exit(["--job.config_file", config, *overrides], None, memory_estimate=False).parallelism
-    shard = p.data_parallel_shard_degree
-    return p.data_parallel_replicate_degree * shard if shard > 0 else CPU_DEFAULT_NPROC
-
-
-def preflight(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print("usage: python -m flexdemo.titan.preflight CONFIG.toml [overrides]", file=sys.stderr)
-        sys.exit(2)
-    config, overrides = argv[0], argv[1:]
-    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    nproc = int(os.environ.get("NPROC") or ngpu or cpu_processes(config, overrides))
-    world = nproc * int(os.environ.get("NNODES") or 1)
-
-    job_config = check_config_or_exit(["--job.config_file", config, *overrides], world)
-    assets, reason = embedded_tokenizer_dir(job_config)
-    if reason:
-        print(reason, file=sys.stderr, flush=True)
-    assets = assets or ""
-    print(f"FD_NGPU={ngpu}")
-    print(f"FD_NPROC={nproc}")
-    print(f"FD_ASSETS={shlex.quote(str(assets))}")
+    # Errors never get here: they raise out of titan_main. A rank forked by torchrun's
+    # multiprocessing start (flexdemo.titan.launch on CPU) returns instead: torchrun waits for its
+    # return value, and multiprocessing ends the process without interpreter teardown anyway.
+    if cpu_shim.active() and multiprocessing.parent_process() is None:
+        cpu_shim.exit_without_teardown(0)

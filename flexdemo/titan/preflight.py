@@ -1,7 +1,7 @@
-"""``python -m flexdemo.titan.preflight CONFIG.toml [--section.key v ...]``: scripts/launch.sh's
-one-process check before torchrun (flexdemo.titan.entry.preflight; ``main`` as before the regroup)."""
+"""``python -m flexdemo.titan.preflight CONFIG.toml [--section.key v ...]``: the launcher's one-process
+check (flexdemo.titan.launch.plan) alone, printed as FD_NGPU / FD_NPROC / FD_ASSETS for a shell."""
 
-from .entry import preflight as main
+from .launch import preflight_main as main
 
 if __name__ == "__main__":
     main()
