@@ -12,7 +12,9 @@ PACKAGE = REPO / "flexdemo"
 
 ALLOWED = {
     "FLEXDEMO_CACHE",  # flexdemo.data: where the offline corpora and tokenizers are built
-    "NPROC", "NNODES",  # flexdemo.titan.preflight, from scripts/launch.sh
+    "NPROC", "NNODES",  # flexdemo.titan.launch, from scripts/launch.sh
+    "OMP_NUM_THREADS", "PYTHONUNBUFFERED",  # set by flexdemo.titan.launch for CPU ranks where unset
+    "CUDA_VISIBLE_DEVICES",  # CUDA's own: flexdemo.titan.launch reads whether it hides every GPU
     "RANK", "WORLD_SIZE", "TORCHELASTIC_ERROR_FILE",  # set by torchrun
     "TRITON_INTERPRET", "TRITON_CACHE_DIR",  # Triton's own settings
     "TORCHFT_LIGHTHOUSE",  # torchft's own: the Lighthouse of elastic replicas

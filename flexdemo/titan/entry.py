@@ -37,6 +37,7 @@ import multiprocessing
 import os
 import sys
 import time
+import traceback
 
 from torchtitan.config import ConfigManager
 from torchtitan.train import Trainer
@@ -170,12 +171,17 @@ def run(argv: list[str] | None = None) -> None:
     world = os.environ.get("WORLD_SIZE")
     check_config_or_exit(argv, int(world) if world else None)
     sys.argv = [sys.argv[0], *argv]
+    forked = multiprocessing.parent_process() is not None  # started by flexdemo.titan.launch on CPU
     try:
         titan_main(FlexTrainer)
     except (ReplicaSettingsMismatch, ElasticJoinError) as e:  # before training, every rank alike: one line, exit 2
         _exit_config_error(str(e), process_group_up=True)
+    except Exception:
+        if forked:  # torch's multiprocessing start keeps it in an error file only: the rank's log shows it too
+            traceback.print_exc()
+        raise
     # Errors never get here: they raise out of titan_main. A rank forked by torchrun's
     # multiprocessing start (flexdemo.titan.launch on CPU) returns instead: torchrun waits for its
     # return value, and multiprocessing ends the process without interpreter teardown anyway.
-    if cpu_shim.active() and multiprocessing.parent_process() is None:
+    if cpu_shim.active() and not forked:
         cpu_shim.exit_without_teardown(0)

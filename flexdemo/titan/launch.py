@@ -73,6 +73,12 @@ def _cpu_processes(config: str, overrides: list[str]) -> int:
     return p.data_parallel_replicate_degree * shard if shard > 0 else CPU_DEFAULT_NPROC
 
 
+def _may_have_gpu() -> bool:
+    """False where torch cannot find an NVIDIA GPU (no driver device file, or none made visible):
+    decided without importing torch."""
+    return os.path.exists("/dev/nvidiactl") and os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+
+
 def _start_cpu_forkserver() -> None:
     """The forkserver the CPU ranks fork from, importing CPU_PRELOAD now (beside plan())."""
     import multiprocessing
@@ -92,10 +98,13 @@ def main(argv: list[str] | None = None) -> None:
     cut = argv.index("--")
     torchrun_flags, config, overrides = argv[:cut], argv[cut + 1], argv[cut + 2:]
 
+    started = not _may_have_gpu()
+    if started:  # before torch is imported here: the server's imports run beside this process's
+        _start_cpu_forkserver()
     import torch
 
     cpu = not torch.cuda.is_available()
-    if cpu:
+    if cpu and not started:
         _start_cpu_forkserver()
     p = plan(config, overrides)
     if cpu:
