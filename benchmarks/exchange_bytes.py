@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # multip
 from common import llama3_1b_shapes  # noqa: E402
 
 from flexdemo.compression import TopkCompressor  # noqa: E402
-from flexdemo.compression.plan import build_plan  # noqa: E402
+from flexdemo.compression.buckets import build_plan  # noqa: E402
 from flexdemo.compression.sharded import ShardedExchange  # noqa: E402
 
 SMALL_SHAPES = [(2048, 512), (1000, 300), (8192,), (7, 11)]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flexdemo.compression.codec import compress, pack_blocks, unpack_blocks
-from flexdemo.compression.plan import build_plan
+from flexdemo.compression.buckets import build_plan
 from flexdemo.wire.dct import block_layout
 from flexdemo.wire.format import BlockTopks, block_topks, payload_nbytes
 from reference_demo import reference_block_topks

@@ -23,12 +23,13 @@ RANKS = {
     "flexdemo.wire": 0,  # DCT, bit packing, the payload format: torch and stdlib only
     "flexdemo.kernels": 1,  # Triton kernels writing and reading the wire
     "flexdemo.data": 1,  # corpora, tokenizers, the dataset and its resharding (no torchtitan)
-    "flexdemo.compression": 2,  # torch codec, plan, paths, exchange, agreement, TopkCompressor
+    "flexdemo.compression": 2,  # torch codec, buckets, paths, exchange, agreement, TopkCompressor
     "flexdemo.replica_check": 3,  # the replicas-identical check (uses compression.exchange)
     "flexdemo.optim": 3,  # DeMo, DiLoCo
     "flexdemo.elastic": 3,  # torchft's Manager as a ReplicaGroup (nothing below imports it)
     "flexdemo": 4,  # flexdemo/__init__.py: the public names
     "flexdemo.titan": 4,  # the torchtitan plugin
+    "flexdemo.plan": 5,  # the cluster planner: reads configs and memory estimates through the plugin
 }
 
 

@@ -112,7 +112,7 @@ def _environment(any_fused: bool, device: torch.device) -> dict[str, str]:
 def compressor_settings(buckets, entries, encoding: str, kernel_precision: str,
                         device: torch.device) -> dict[str, str]:
     """The settings of a :class:`~flexdemo.compression.compressor.TopkCompressor`: ``buckets``
-    from :func:`~flexdemo.compression.plan.build_plan` (``fused`` set), ``entries[g]`` =
+    from :func:`~flexdemo.compression.buckets.build_plan` (``fused`` set), ``entries[g]`` =
     ``[(param, local shape, dtype), ...]`` per param group, as the plan was built from.
     Each parameter is described by its layout as the plan reports it (blocks, their edges, k),
     not by re-deriving the block rule."""

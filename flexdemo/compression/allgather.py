@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from flexdemo.compression.exchange import Traffic, gather_payloads
-from flexdemo.compression.plan import Bucket
+from flexdemo.compression.buckets import Bucket
 from flexdemo.wire.format import FLAG_BYTES
 
 
@@ -31,6 +31,10 @@ class AllGatherExchange:
     def __init__(self, buckets: list[Bucket], encoding: str, world: int, rank: int):
         self.buckets, self.encoding, self.world, self.rank = buckets, encoding, world, rank
         self.payload_nbytes = sum(b.nbytes(encoding) for b in buckets) + FLAG_BYTES
+
+    def traffic(self) -> Traffic:
+        """This rank's bytes per exchange: its payload out, the other replicas' in."""
+        return Traffic(sent=self.payload_nbytes, received=(self.world - 1) * self.payload_nbytes)
 
     def k_decoded(self, i: int) -> int:
         return self.buckets[i].k

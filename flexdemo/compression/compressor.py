@@ -7,7 +7,7 @@ dense outer gradient). Per exchange:
 
 1. :meth:`TopkCompressor.select` / :meth:`encode`: ``acc = decay * acc + scale * inc``; top-k
    of each DCT block of ``acc``; ``acc -= IDCT(sent)``; the kept ``(idx, vals)`` packed per
-   bucket (:mod:`flexdemo.compression.plan`, :mod:`flexdemo.compression.codec`);
+   bucket (:mod:`flexdemo.compression.buckets`, :mod:`flexdemo.compression.codec`);
 2. :meth:`exchange`: the exchange strategy chosen once (:mod:`.allgather`: ONE all_gather of
    every bucket's bytes; :mod:`.sharded`: two all_to_alls through the blocks' owners) over the
    replica group (:mod:`flexdemo.replica_group`);
@@ -38,7 +38,7 @@ from flexdemo.compression.codec import sent_values
 from flexdemo.compression.allgather import AllGatherExchange
 from flexdemo.compression.exchange import ExchangeTimer, Traffic, distributed
 from flexdemo.compression.paths import choose_path
-from flexdemo.compression.plan import Bucket, build_plan
+from flexdemo.compression.buckets import Bucket, build_plan
 from flexdemo.compression.sharded import ShardedExchange, sharded_topks
 from flexdemo.replica_group import replica_group
 from flexdemo.local import local_tensor

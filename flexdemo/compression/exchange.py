@@ -110,11 +110,23 @@ def replica_mean(flat: torch.Tensor, group: ReplicaGroup, wire_dtype: torch.dtyp
     mine /= world
     gathered = torch.empty_like(send)
     group.all_gather(gathered.view(world, chunk), mine.to(wire_dtype), timeout=timeout, what="the dense exchange")
-    elem = send.element_size()
+    return gathered[:n].to(flat.dtype), replica_mean_traffic(n, world, send.element_size())
+
+
+def replica_mean_traffic(n: int, world: int, elem: int) -> Traffic:
+    """One rank's bytes in :func:`replica_mean` of ``n`` elements of ``elem`` bytes on the wire."""
+    if world == 1:
+        return Traffic()
+    chunk = -(-n // world)
     share = (world - 1) * chunk * elem
     # all_to_all: the other replicas' chunks leave and arrive; all_gather: own mean leaves, others arrive.
-    traffic = Traffic(sent=share + chunk * elem, received=2 * share)
-    return gathered[:n].to(flat.dtype), traffic
+    return Traffic(sent=share + chunk * elem, received=2 * share)
+
+
+def hsdp_allreduce_bytes(numel: int, replicas: int, elem: int) -> int:
+    """Bytes one rank sends (= receives) per step in HSDP's ring all-reduce of ``numel`` gradient
+    elements of ``elem`` bytes over ``replicas`` (modelled: torch's all-reduce reports none)."""
+    return 2 * (replicas - 1) * numel * elem // replicas
 
 
 def check_replicate_group(params, group: ReplicaGroup, who: str) -> None:

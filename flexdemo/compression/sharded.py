@@ -32,7 +32,7 @@ import torch
 
 from flexdemo.compression.codec import pack_blocks, unpack_blocks, vote_totals
 from flexdemo.compression.exchange import Traffic
-from flexdemo.compression.plan import Bucket
+from flexdemo.compression.buckets import Bucket
 from flexdemo.wire.format import FLAG_BYTES, BlockTopks, blocks_nbytes, clamp_topk, means_encoding
 
 

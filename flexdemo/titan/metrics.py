@@ -40,6 +40,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
+from flexdemo.compression.exchange import hsdp_allreduce_bytes
 from flexdemo.local import local_tensor
 from flexdemo.optim.nonfinite import RepeatedSkipsError, SkipStreak, describe_nonfinite
 
@@ -145,7 +146,7 @@ def modelled_hsdp_allreduce_bytes(model_parts, parallel_dims: ParallelDims, redu
                 numel += rows * (p.numel() // max(p.shape[0], 1) if p.dim() else 1)
             else:
                 numel += p.numel()
-    return 2 * (r - 1) * numel * elem // r
+    return hsdp_allreduce_bytes(numel, r, elem)
 
 
 class SkippedUpdates:

@@ -35,7 +35,7 @@ from torchtitan.config.job_config import Optimizer as _TitanOptimizer
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
-from flexdemo.compression.plan import describe_blocks
+from flexdemo.compression.buckets import describe_blocks
 from flexdemo.optim.diloco import DiLoCo
 
 from . import elastic

@@ -1,0 +1,121 @@
+"""What the planner knows from measurements: GPUs' memory, compute steps per flavor and GPU, the
+codec and outer-step costs, and the held-out loss each setting reached against AdamW. Every
+number names where it was measured (docs/results.md sections, docs/results/ folders); rows that
+were not measured say "modelled" and how. tests/test_plan.py recomputes the measured ones from
+docs/results/ where the data is there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIB = 1024**2
+
+# Device memory as torch reports it (total_memory), by the name --gpu takes.
+GPU_MEMORY = {
+    "H100": 81559 * MIB,  # NVIDIA H100 80GB HBM3
+    "H200": 143771 * MIB,  # NVIDIA H200 (docs/results/outer_transform_1b_h200/meta.json)
+}
+
+
+@dataclass(frozen=True)
+class ComputeStep:
+    """One training step on one GPU without replica traffic (forward, backward, AdamW)."""
+    seconds: float
+    tokens_per_gpu: int  # local_batch_size x seq_len of the measured run
+    seq_len: int
+    activation_checkpoint: str  # its AC mode
+    source: str
+    modelled: bool = False
+
+
+# By (flavor, GPU). The planner scales a row by the config's tokens per GPU per step.
+COMPUTE_STEPS = {
+    ("small", "H200"): ComputeStep(
+        8192 / 139_171, 8192, 1024, "none", "AdamW, one replica on 1 x H200, 200 steps (docs/results/compute_h200)"),
+    ("1B", "H200"): ComputeStep(
+        8192 / 64_158, 8192, 1024, "none", "AdamW, one replica on 1 x H200, 200 steps (docs/results/compute_h200)"),
+    ("small", "H100"): ComputeStep(
+        0.090, 8192, 1024, "none", "DiLoCo inner steps (AdamW, no replica traffic), 4 x H100, median "
+                                   "(docs/results/link_4node_1gbit, diloco)"),
+    ("1B", "H100"): ComputeStep(
+        8192 / 64_158, 8192, 1024, "none",
+        "modelled: the H200's step (the same GH100 compute; the H200's faster memory ignored)", modelled=True),
+}
+
+@dataclass(frozen=True)
+class PerParamCost:
+    """Seconds of GPU work per local parameter (an optimizer's extra over AdamW, or one outer step)."""
+    seconds_per_param: float
+    source: str
+
+
+# DeMo.step's time over AdamW's per step, the whole model on one GPU: measured per flavor (one
+# replica on 1 x H200, the runs of COMPUTE_STEPS: 8192 / 125,183 - 8192 / 139,171 s at small,
+# 8192 / 59,778 - 8192 / 64,158 s at 1B); other flavors per parameter, 30.4 vs 16.8 ms at 1.50 B
+# (1 x H100, docs/results.md 4, optimizer_step_h100/step_1.json). A shard costs its share, and at
+# least the small flavor's whole extra (kernel launches, not elements, set the cost there).
+DEMO_STEP_EXTRA_MEASURED = {"small": 8192 / 125_183 - 8192 / 139_171, "1B": 8192 / 59_778 - 8192 / 64_158}
+DEMO_STEP_EXTRA = PerParamCost((30.402 - 16.804) * 1e-3 / 1_498_482_688, "docs/results/optimizer_step_h100/step_1.json")
+
+
+def demo_step_extra(flavor: str, local_params: int, model_params: int) -> float:
+    if flavor in DEMO_STEP_EXTRA_MEASURED:
+        whole = DEMO_STEP_EXTRA_MEASURED[flavor]
+    else:
+        whole = DEMO_STEP_EXTRA.seconds_per_param * model_params
+    return max(DEMO_STEP_EXTRA_MEASURED["small"], whole * local_params / model_params)
+
+
+# One DiLoCo outer step (codec + outer SGD; the exchange's time is the link model's), 1B = 0.98 B
+# parameters, 1 x H200 (docs/results.md 4): dense bf16 35.7 ms (2 replicas, NVLink, exchange
+# included: an upper bound), top-k on the fused kernels 87.5 ms (top-256 scaled_sign), top-k on
+# the torch path (two_bit, fp32, bf16 values) 156.2 ms.
+OUTER_STEP = {
+    "dense": PerParamCost(35.684e-3 / 981_534_720, "docs/results/outer_step_h200/outer_step_all.json"),
+    "topk_fused": PerParamCost(87.474e-3 / 981_534_720, "docs/results/outer_transform_1b_h200/dct_scaled_sign_k256.json"),
+    "topk_torch": PerParamCost(156.223e-3 / 981_534_720, "docs/results/outer_transform_1b_h200/none_two_bit_k64.json"),
+}
+FUSED_ENCODINGS = ("sign", "scaled_sign")  # flexdemo.compression.paths.FUSED_ENCODINGS
+
+
+@dataclass(frozen=True)
+class LossCost:
+    """Held-out loss of a setting against AdamW-DDP at equal tokens, per seed (fractions)."""
+    mode: str
+    settings: dict = field(hash=False)  # [flexdemo] keys that must match (exchange included)
+    vs_adamw: tuple[float, ...]
+    where: str  # scale and section
+
+    @property
+    def worst(self) -> float:
+        return max(self.vs_adamw)
+
+    def text(self) -> str:
+        return " / ".join(f"{d:+.1%}" for d in self.vs_adamw) + f" ({self.where})"
+
+
+LOSS_COSTS = (
+    LossCost("demo", {"exchange": "allgather", "topk": 32, "value_encoding": "sign", "overlap": False},
+             (-0.041, -0.053), "1B, W = 2, 1024 steps, results.md 1.1"),
+    LossCost("demo", {"exchange": "allgather", "topk": 16, "value_encoding": "sign", "overlap": False},
+             (-0.010, -0.011), "1B, W = 2, 1024 steps, results.md 1.6"),
+    LossCost("demo", {"exchange": "sharded", "topk": 32, "value_encoding": "sign", "overlap": False},
+             (0.11, 0.24), "small, W = 4, 1000 steps, results.md 5"),
+    LossCost("demo", {"exchange": "allgather", "topk": 32, "value_encoding": "sign", "overlap": True},
+             (0.188,), "small, W = 2, results.md 1.2"),
+    LossCost("diloco", {"sync_interval": 32, "outer_value_encoding": "bf16"},
+             (0.143,), "1B, W = 2, 1024 steps, results.md 2"),
+    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 16, "outer_topk": 256,
+                             "outer_value_encoding": "scaled_sign", "outer_transform": "dct", "outer_lr": 1.0},
+             (-0.010, -0.020), "1B, W = 2, 1024 steps, results.md 3.1"),
+)
+LOSS_TOLERANCE = 0.01  # a setting is recommended only where every seed ended within +1% of AdamW
+
+
+def loss_cost(mode: str, keys: dict) -> LossCost | None:
+    """The measured cost of these settings (``keys``: the row's [flexdemo] values), or None."""
+    for c in LOSS_COSTS:
+        if c.mode == mode and all(keys.get(k) == v for k, v in c.settings.items()):
+            return c
+    return None
