@@ -1,6 +1,6 @@
 """The compute step of a config on a named GPU: a measured step of its flavor (evidence.COMPUTE_STEPS)
-scaled by the config's tokens per GPU, or, for a flavor not measured on that GPU, the GPU's 1B
-step scaled by training FLOPs per token (torchtitan's own count: 6 x parameters + attention),
+scaled by the config's tokens per GPU, or, for a flavor not measured on that GPU, the GPU's 8B
+(else 1B) step scaled by training FLOPs per token (torchtitan's own count: 6 x parameters + attention),
 labelled modelled. Full activation checkpointing adds a forward: x 4/3 (modelled)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from flexdemo.titan import memory
 from .evidence import COMPUTE_STEPS, ComputeStep
 
 FULL_AC_FACTOR = 4 / 3  # forward + backward = 3 forwards; full AC recomputes one more
-REFERENCE_FLAVOR = "1B"
+REFERENCE_FLAVORS = ("8B", "1B")  # the largest measured flavor on the GPU scales to the others
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,13 @@ def compute_step(job_config, gpu: str) -> Step:
         seconds = ref.seconds * tokens / tp / ref.tokens_per_gpu * _ac_factor(ac) / _ac_factor(ref.activation_checkpoint)
         kind = "modelled" if ref.modelled else "measured"
         return Step(seconds, f"{kind}: {ref.source}, scaled to {tokens // tp} tokens per GPU")
-    ref = COMPUTE_STEPS.get((REFERENCE_FLAVOR, gpu))
-    if ref is None:
+    base = next((f for f in REFERENCE_FLAVORS if (f, gpu) in COMPUTE_STEPS), None)
+    if base is None:
         known = sorted({g for _, g in COMPUTE_STEPS})
         raise UnknownComputeStep(f"no step time for GPU {gpu!r} (known: {', '.join(known)}): give --step-seconds")
-    ratio = _flops_per_token(job_config, flavor, t.seq_len) / _flops_per_token(job_config, REFERENCE_FLAVOR, ref.seq_len)
+    ref = COMPUTE_STEPS[(base, gpu)]
+    ratio = _flops_per_token(job_config, flavor, t.seq_len) / _flops_per_token(job_config, base, ref.seq_len)
     seconds = (ref.seconds * ratio * tokens / tp / ref.tokens_per_gpu
                * _ac_factor(ac) / _ac_factor(ref.activation_checkpoint))
-    return Step(seconds, f"modelled: the {REFERENCE_FLAVOR} step on {gpu} x {ratio:.2f} training FLOPs per token "
+    return Step(seconds, f"modelled: the {base} step on {gpu} x {ratio:.2f} training FLOPs per token "
                          f"({flavor}, seq {t.seq_len}), {tokens // tp} tokens per GPU, AC {ac}")

@@ -35,11 +35,16 @@ COMPUTE_STEPS = {
         8192 / 139_171, 8192, 1024, "none", "AdamW, one replica on 1 x H200, 200 steps (docs/results/compute_h200)"),
     ("1B", "H200"): ComputeStep(
         8192 / 64_158, 8192, 1024, "none", "AdamW, one replica on 1 x H200, 200 steps (docs/results/compute_h200)"),
+    ("8B", "H200"): ComputeStep(
+        8192 / 7_603, 8192, 4096, "full", "AdamW, one replica (8.03 B) on 1 x H200, 25 steps (docs/results/compute_h200)"),
     ("small", "H100"): ComputeStep(
         0.090, 8192, 1024, "none", "DiLoCo inner steps (AdamW, no replica traffic), 4 x H100, median "
                                    "(docs/results/link_4node_1gbit, diloco)"),
     ("1B", "H100"): ComputeStep(
         8192 / 64_158, 8192, 1024, "none",
+        "modelled: the H200's step (the same GH100 compute; the H200's faster memory ignored)", modelled=True),
+    ("8B", "H100"): ComputeStep(
+        8192 / 7_603, 8192, 4096, "full",
         "modelled: the H200's step (the same GH100 compute; the H200's faster memory ignored)", modelled=True),
 }
 
@@ -52,10 +57,11 @@ class PerParamCost:
 
 # DeMo.step's time over AdamW's per step, the whole model on one GPU: measured per flavor (one
 # replica on 1 x H200, the runs of COMPUTE_STEPS: 8192 / 125,183 - 8192 / 139,171 s at small,
-# 8192 / 59,778 - 8192 / 64,158 s at 1B); other flavors per parameter, 30.4 vs 16.8 ms at 1.50 B
+# 8192 / 59,778 - 8192 / 64,158 s at 1B, 8192 / 7,081 - 8192 / 7,603 s at 8B); other flavors per parameter, 30.4 vs 16.8 ms at 1.50 B
 # (1 x H100, docs/results.md 4, optimizer_step_h100/step_1.json). A shard costs its share, and at
 # least the small flavor's whole extra (kernel launches, not elements, set the cost there).
-DEMO_STEP_EXTRA_MEASURED = {"small": 8192 / 125_183 - 8192 / 139_171, "1B": 8192 / 59_778 - 8192 / 64_158}
+DEMO_STEP_EXTRA_MEASURED = {"small": 8192 / 125_183 - 8192 / 139_171, "1B": 8192 / 59_778 - 8192 / 64_158,
+                            "8B": 8192 / 7_081 - 8192 / 7_603}
 DEMO_STEP_EXTRA = PerParamCost((30.402 - 16.804) * 1e-3 / 1_498_482_688, "docs/results/optimizer_step_h100/step_1.json")
 
 
