@@ -13,7 +13,7 @@ from flexdemo.plan.choose import recommend
 from flexdemo.plan.evidence import LossCost
 from flexdemo.plan.model import PRESETS, Cluster, Row, Variant, compressed_traffic, local_shapes, plan_rows
 from flexdemo.titan import memory
-from flexdemo.titan.config import FlexDemo
+from flexdemo.titan.config import FlexDemo, validate_job_config
 from titan_launch import CONFIGS, REPO, debugmodel_local_shapes, expected_payload_bytes
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -94,6 +94,10 @@ def test_cli_prints_every_mode_and_one_recommendation(capsys):
             assert field in x
     rec = [x for x in lines if x.startswith("recommended: ")]
     assert len(rec) == 1 and " because " in rec[0]
+    # the command it names is a valid config for that cluster
+    command = rec[0].split(" (", 1)[1].split("; the keys of", 1)[0].split(") because", 1)[0].split()
+    jc = ConfigManager().parse_args(["--job.config_file", *command, "--parallelism.data_parallel_replicate_degree", "4"])
+    validate_job_config(jc, 32)
     assert capsys.readouterr().out.strip().splitlines() == lines
 
 

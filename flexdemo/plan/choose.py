@@ -5,7 +5,7 @@ time are ranked by their loss instead (a faster link then buys nothing)."""
 from __future__ import annotations
 
 from .evidence import LOSS_TOLERANCE
-from .model import Row
+from .model import Row, check_interval
 
 TIE = 1.02  # step times within 2% count as equal
 
@@ -42,7 +42,10 @@ def recommend(rows: list[Row]) -> tuple[Row | None, str]:
 def how_to_run(row: Row, config: str, job_config) -> str:
     """The config and the flags that turn it into the row (and the preset it copies)."""
     cfg = job_config.flexdemo
-    keys = (("mode", row.variant.mode), *row.variant.keys)
+    keys = [("mode", row.variant.mode), *row.variant.keys]
+    if row.variant.mode in ("diloco", "demo_diloco"):
+        h = dict(row.variant.keys).get("sync_interval", cfg.sync_interval)
+        keys.append(("replica_check_interval", check_interval(cfg.replica_check_interval, h)))
     flags = [(f"--flexdemo.{k}" if v else f"--flexdemo.no-{k}") if isinstance(v, bool) else f"--flexdemo.{k} {v}"
              for k, v in keys if getattr(cfg, k) != v]
     preset = f"; the keys of train_configs/{row.variant.preset}" if row.variant.preset else ""

@@ -117,6 +117,12 @@ def local_shapes(params, fsdp: int, tp: int) -> list[tuple[int, ...]]:
     return out
 
 
+def check_interval(interval: int, sync_interval: int) -> int:
+    """The DiLoCo modes compare replicas right after an outer step: the nearest multiple of H
+    (0, off, stays off; no bytes change)."""
+    return interval and sync_interval * max(1, round(interval / sync_interval))
+
+
 def variant_config(job_config, v: Variant, c: Cluster):
     """The config with the variant's mode and keys, one replica per node."""
     jc = copy.deepcopy(job_config)
@@ -124,10 +130,8 @@ def variant_config(job_config, v: Variant, c: Cluster):
     for k, val in v.keys:
         setattr(jc.flexdemo, k, val)
     cfg = jc.flexdemo
-    if v.mode in ("diloco", "demo_diloco") and cfg.replica_check_interval > 0:
-        # replicas are compared right after an outer step: the nearest multiple of H (no bytes change)
-        h = cfg.sync_interval
-        cfg.replica_check_interval = h * max(1, round(cfg.replica_check_interval / h))
+    if v.mode in ("diloco", "demo_diloco"):
+        cfg.replica_check_interval = check_interval(cfg.replica_check_interval, cfg.sync_interval)
     p = jc.parallelism
     p.data_parallel_replicate_degree = c.nodes
     p.data_parallel_shard_degree = c.gpus_per_node // (p.tensor_parallel_degree * p.pipeline_parallel_degree)
