@@ -118,10 +118,13 @@ def test_the_recommendation_fits_where_faster_modes_do_not():
     (["--nodes", "4", "--link-gbit", "0", "--gpu", "H200"], "--link-gbit must be > 0"),
     (["--nodes", "4", "--link-gbit", "1", "--gpu", "A100"], "unknown --gpu 'A100'"),
     (["--nodes", "4", "--link-gbit", "1", "--step-seconds", "-1"], "--step-seconds must be > 0"),
+    (["no_such.toml", "--nodes", "4", "--link-gbit", "1", "--gpu", "H200"], "no config file no_such.toml"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args, says, capsys):
+    args = list(args)
+    config = args.pop(0) if args[0].endswith(".toml") else str(CONFIGS / "multinode_llama3_1b_flexdemo.toml")
     with pytest.raises(SystemExit) as e:
-        cli.main([str(CONFIGS / "multinode_llama3_1b_flexdemo.toml"), *args])
+        cli.main([config, *args])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0]

@@ -9,6 +9,7 @@ recommendation. The model and its sources: flexdemo.plan. Bad input: one line, e
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 USAGE_EXIT = 2
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> list[str]:
 
     if args.gpu is not None and args.gpu not in GPU_MEMORY:
         fail(f"unknown --gpu {args.gpu!r} (known: {', '.join(GPU_MEMORY)}); give --step-seconds instead")
+    if not os.path.isfile(args.config):
+        fail(f"no config file {args.config}")
     bad = [o for o in overrides if o.startswith("-") and not o.startswith("--")]
     if bad:
         fail(f"unknown arguments {bad}")
@@ -63,8 +66,10 @@ def main(argv: list[str] | None = None) -> list[str]:
 
     try:
         job_config = ConfigManager().parse_args(["--job.config_file", args.config, *overrides])
-    except (ValueError, FileNotFoundError, SystemExit) as e:
+    except (ValueError, FileNotFoundError) as e:
         fail(f"config {args.config}: {e}")
+    except SystemExit:  # the config parser refused a key or flag and said which, above
+        fail(f"config {args.config}: a key or --section.key flag was refused (the parser's message is above)")
     if not hasattr(job_config, "flexdemo"):
         fail(f"{args.config} is not a flexdemo config (no [flexdemo] section)")
     p = job_config.parallelism
