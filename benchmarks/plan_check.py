@@ -89,6 +89,7 @@ def checks() -> list[Check]:
     from torchtitan.config import ConfigManager
 
     from flexdemo.plan.model import Cluster, Variant, plan_row
+    from flexdemo.titan.config import DILOCO_MODES
 
     out = []
     for folder, (flavor, nodes, gbit) in SETS.items():
@@ -102,7 +103,7 @@ def checks() -> list[Check]:
             configs, flags = CONFIGS[method]
             jc = ConfigManager().parse_args(["--job.config_file", str(REPO / "train_configs" / f"{configs['gpu']}.toml"),
                                              "--model.flavor", flavor, "--flexdemo.sync_interval", str(h), *flags])
-            diloco = jc.flexdemo.mode in ("diloco", "demo_diloco")
+            diloco = jc.flexdemo.mode in DILOCO_MODES
             compute, compute_from = (quiet_step(runs[method], h), "its inner steps") if diloco else (adamw, adamw_from)
             row = plan_row(jc, Variant(jc.flexdemo.mode), Cluster(nodes, gbit, 0.0, 1, compute, None, "-"))
             measured = measured_step(runs[method], h if diloco else 1)

@@ -4,6 +4,8 @@ time are ranked by their loss instead (a faster link then buys nothing)."""
 
 from __future__ import annotations
 
+from flexdemo.titan.config import DILOCO_MODES
+
 from .evidence import LOSS_TOLERANCE
 from .model import Row, check_interval
 
@@ -43,7 +45,7 @@ def how_to_run(row: Row, config: str, job_config) -> str:
     """The config and the flags that turn it into the row (and the preset it copies)."""
     cfg = job_config.flexdemo
     keys = [("mode", row.variant.mode), *row.variant.keys]
-    if row.variant.mode in ("diloco", "demo_diloco"):
+    if row.variant.mode in DILOCO_MODES:
         h = dict(row.variant.keys).get("sync_interval", cfg.sync_interval)
         keys.append(("replica_check_interval", check_interval(cfg.replica_check_interval, h)))
     flags = [(f"--flexdemo.{k}" if v else f"--flexdemo.no-{k}") if isinstance(v, bool) else f"--flexdemo.{k} {v}"

@@ -5,6 +5,7 @@ labelled modelled. Full activation checkpointing adds a forward: x 4/3 (modelled
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from flexdemo.titan import memory
@@ -32,7 +33,6 @@ def _ac_factor(mode: str) -> float:
 def _flops_per_token(job_config, flavor: str, seq_len: int) -> float:
     jc = job_config
     if flavor != jc.model.flavor:
-        import copy
         jc = copy.deepcopy(job_config)
         jc.model.flavor = flavor
     model = memory.build_meta_model(jc)

@@ -31,7 +31,7 @@ from flexdemo.optim.bounded_groups import bounded_groups
 from flexdemo.optim.diloco_args import WIRE_DTYPES
 from flexdemo.optim.diloco_dense import DENSE_BUCKET_ELEMENTS
 from flexdemo.titan import memory
-from flexdemo.titan.config import FlexDemoConfigError, validate_job_config
+from flexdemo.titan.config import DILOCO_MODES, FlexDemoConfigError, validate_job_config
 
 from .evidence import FUSED_ENCODINGS, OUTER_STEP, LossCost, demo_step_extra, loss_cost
 
@@ -130,7 +130,7 @@ def variant_config(job_config, v: Variant, c: Cluster):
     for k, val in v.keys:
         setattr(jc.flexdemo, k, val)
     cfg = jc.flexdemo
-    if v.mode in ("diloco", "demo_diloco"):
+    if v.mode in DILOCO_MODES:
         cfg.replica_check_interval = check_interval(cfg.replica_check_interval, cfg.sync_interval)
     p = jc.parallelism
     p.data_parallel_replicate_degree = c.nodes
