@@ -24,16 +24,22 @@
 #   elastic [ARGS]        4 elastic replicas on torchft (one GPU each, small): one killed and restarted;
 #                         tokens/s before, during and after the outage, held-out loss against an
 #                         uninterrupted run (benchmarks/elastic_outage.py ARGS; needs the torchft wheels)
+#   detach SUITE [ARGS]   SUITE in the background, in a session of its own (it outlives this call while
+#                         the machine stays warm), results in /tmp/detached/SUITE/
+#   watch [SECONDS]       progress of a detached `runs` every minute for SECONDS (default 540), then its
+#                         logs packed into $OUT/watch/runs_logs.tgz (benchmarks/watch_runs.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SUITE=${1:?usage: bash benchmarks/gpu.sh codec|step|outer|runs|link|checks|profile|elastic [ARGS...]}
+SUITE=${1:?usage: bash benchmarks/gpu.sh codec|step|outer|runs|link|checks|profile|elastic|detach|watch [ARGS...]}
 shift
 R="${OUT:-outputs}/$SUITE"
 mkdir -p "$R"
-if compgen -G ".whl/*.whl" >/dev/null; then
+if compgen -G ".whl/*.whl" >/dev/null && [[ ! -f /tmp/site/.flexdemo_installed ]]; then
+  # once per machine: detached jobs keep importing from /tmp/site while later calls run
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  touch /tmp/site/.flexdemo_installed
 fi
+[[ -d /tmp/site ]] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PATH"  # torchrun
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/gpus.txt"
@@ -124,6 +130,16 @@ profile)
   done
   python3 benchmarks/summarize_logs.py "$R"/*.log | tee "$R/summary.md"
   ;;
+detach)
+  mkdir -p /tmp/detached
+  OUT=/tmp/detached setsid nohup bash benchmarks/gpu.sh "$@" > /tmp/detached/console.log 2>&1 < /dev/null &
+  echo "detached: bash benchmarks/gpu.sh $* (pid $!; /tmp/detached/console.log)"
+  exit 0
+  ;;
+watch)
+  python3 benchmarks/watch_runs.py /tmp/detached/runs --seconds "${1:-540}" --out "$R"
+  tail -5 /tmp/detached/console.log
+  ;;
 elastic)
   # torchft_lighthouse: a console script of the torchft wheel, in /tmp/site/bin after pip --target
   export PATH="/tmp/site/bin:$PATH"
@@ -131,6 +147,6 @@ elastic)
   python3 benchmarks/elastic_outage.py --out "$R" --work outputs/elastic_runs "$@" 2>&1 | tail -40
   ;;
 *)
-  echo "unknown suite $SUITE: codec, step, outer, runs, link, checks, profile or elastic" >&2; exit 2 ;;
+  echo "unknown suite $SUITE: codec, step, outer, runs, link, checks, profile, elastic, detach or watch" >&2; exit 2 ;;
 esac
 tar czf "${OUT:-outputs}/$SUITE.tgz" --exclude dumps -C "${OUT:-outputs}" "$SUITE"

@@ -9,7 +9,8 @@ devices) and tabulate their held-out validation losses: the convergence-recipe s
 Each variant is "NAME CONFIG [torchtitan flags...]" (CONFIG: a file in train_configs/, without
 .toml).  Jobs that share devices run slower, so compare their losses, not their speed; with
 --devices-per-job N each job gets N GPUs of its own (CUDA_VISIBLE_DEVICES), e.g. two 2-GPU jobs
-on a 4-GPU machine, and its tokens/s stand on their own.  Logs
+on a 4-GPU machine, and its tokens/s stand on their own; with --shared-gpu all of a job's
+ranks share one GPU (benchmarks/shared_gpu.py), for losses where fewer GPUs are lent.  Logs
 go to OUT/NAME.log as they are written; OUT/variants.md gets the table.
 """
 
@@ -59,8 +60,10 @@ def run_all(todo: list, running: list, args: argparse.Namespace, out: Path, slot
                 busy = [r[3] for r in running]
                 slot = min(slots, key=busy.count)
                 env["CUDA_VISIBLE_DEVICES"] = slot
-            cmd = ["bash", str(REPO / "scripts" / "launch.sh"), str(cfg), *flags,
-                   "--job.dump_folder", f"/tmp/variants/{name}", "--metrics.disable_color_printing"]
+            start = [sys.executable, str(REPO / "benchmarks" / "shared_gpu.py")] if args.shared_gpu else \
+                ["bash", str(REPO / "scripts" / "launch.sh")]
+            cmd = [*start, str(cfg), *flags, "--job.dump_folder", f"/tmp/variants/{name}",
+                   "--metrics.disable_color_printing"]
             (out / f"{name}.cmd").write_text(shlex.join(cmd) + "\n")
             p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(out / f"{name}.log", "w"),
                                  stderr=subprocess.STDOUT, start_new_session=True)
@@ -90,6 +93,9 @@ def main() -> int:
     ap.add_argument("--jobs-per-slot", type=int, default=1,
                     help="with --devices-per-job: jobs that may share one group of GPUs (small models "
                          "leave a GPU mostly idle; losses stay comparable, tokens/s do not)")
+    ap.add_argument("--shared-gpu", action="store_true",
+                    help="every job's ranks on one GPU over gloo (benchmarks/shared_gpu.py): losses "
+                         "compare, tokens/s do not")
     args = ap.parse_args()
     slots = device_slots(args.devices_per_job) if args.devices_per_job else []
     if args.devices_per_job and args.concurrent > len(slots) * args.jobs_per_slot:
