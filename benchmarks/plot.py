@@ -10,8 +10,9 @@ CSV summaries kept in docs/results/ (written from such logs by --extract).
 
 --frontier draws one point per run of a CSV (its last held-out loss against the bytes it received
 in total, log scale) and prints the same as a markdown table, each run's loss and bytes set
-against those of the baseline run (--baseline, default "adamw") of its seed (runs named
-NAME_sSEED, as benchmarks/recipe.sh names them).
+against the baseline run (--baseline, default "adamw") of its seed (runs named NAME_sSEED, as
+benchmarks/recipe.sh names them) and its bytes against B, a bf16 ring all-reduce every step
+(half a baseline run's modelled fp32 counter; without one, against the baseline's own bytes).
 
 Validation losses (torchtitan's validator: the same held-out tokens for every method) are the
 lines; where a run has none, its training-batch losses are plotted instead, labelled so.  Bytes
@@ -212,6 +213,8 @@ def _seed(name: str) -> str:
 
 CODES = [  # run-name codes of benchmarks/recipe.sh, spelled out in the frontier's legend
     (r"^dd_h(\d+)_k(\d+)", r"demo_diloco H=\1 outer top-\2"), (r"^k(\d+)", r"top-\1"),
+    (r"^top(\d+)", r"per-step top-\1"), (r"^demo_diloco_h(\d+)", r"demo_diloco H=\1"),
+    (r"^sparseloco", "SparseLoCo preset"),
     (r"_1b\b", ""), (r"_d9995\b", ", decay 0.9995"), (r"_d995\b", ", decay 0.995"),
     (r"_lr5e-4\b", ", lr 5e-4"), (r"_two_bit\b", ", two_bit values"), (r"_scaled\b", ", scaled_sign values"),
     (r"_ef\b", ", elias_fano indices"), (r"_s\b", ", lr 5e-4"), (r"_l\b", ", lr 2e-3")]
@@ -241,8 +244,11 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
         points[name] = (run.validation[last], totals.get(last), last)
     is_base = {n for n in points if n.split("_")[0] == baseline}
     base = {_seed(n): points[n] for n in is_base}
+    # the one byte baseline B: a bf16 ring all-reduce every step (from a baseline run's modelled counter)
+    ring = ring_bytes([runs[n] for n in sorted(is_base)])
     lines = [f"| run | held-out loss @{max(p[2] for p in points.values())} | vs {baseline} (same seed) "
-             f"| bytes received per rank | {baseline}'s bytes / it |", "|---|---:|---:|---:|---:|"]
+             f"| bytes received per rank | {'B' if ring else baseline + chr(39) + 's bytes'} / it |",
+             "|---|---:|---:|---:|---:|"]
     fig, ax = plt.subplots(figsize=(11, 5.5))
     seeds = sorted({_seed(n) for n in points})
     settings = sorted({describe(n) for n in points if n not in is_base},
@@ -259,7 +265,9 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
     for name, (loss, nbytes, _) in points.items():
         ref = base.get(_seed(name))
         rel = f"{100 * (loss / ref[0] - 1):+.1f}%" if ref else "-"
-        ratio = f"{ref[1] / nbytes:,.0f}x" if ref and nbytes else "-"
+        over = ring if ring else (ref[1] if ref else None)
+        ratio = "-" if not (over and nbytes) else f"{over / nbytes:,.0f}x" if over >= 10 * nbytes else \
+            f"{over / nbytes:.1f}x"
         lines.append(f"| {name} | {loss:.4f} | {rel} | {nbytes:,.0f} | {ratio} |")
         if name in is_base:
             ax.axhline(loss, ls="--", lw=1.2, color="black" if _seed(name) == seeds[0] else "dimgray",
@@ -274,11 +282,15 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
             above.append(loss)
     targets = [points[n][0] for n in is_base]
     if targets:
-        hi = max(targets) * 1.12
+        # a few percent above the target; runs up to 30% above it stay in view
+        hi = max(max(targets) * 1.12, max((x for x in above if x <= max(targets) * 1.3), default=0) * 1.02)
         cut = sum(1 for x in above if x > hi)
         ax.set_ylim(min(above + targets) - 0.02, hi)
         if cut:
             ax.text(0.01, 0.98, f"{cut} run(s) above the axis", transform=ax.transAxes, fontsize=7, va="top")
+    if ring:  # the targets' byte levels: 1,000x and 2,000x fewer than B
+        for times, ls in ((1000, ":"), (2000, "-.")):
+            ax.axvline(ring / times, ls=ls, lw=1, color="gray", label=f"B / {times:,} (B: bf16 ring, {ring:,.0f})")
     ax.set_xscale("log")
     ax.set_xlabel("bytes received per rank over the replica dimension, whole run (log)")
     ax.set_ylabel("last held-out loss")

@@ -304,16 +304,19 @@ def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
     with open(tmp_path / "runs.csv", "w") as f:
         f.write(",".join(fields) + "\n")
         for name, loss, nbytes in rows:
-            f.write(f"{name},5,,,9.0,,,,,{nbytes // 2},0\n")  # an earlier validation, half the bytes
-            f.write(f"{name},10,,,{loss},,,,,{nbytes},0\n")
+            modelled = int(name.startswith("adamw"))  # AdamW's fp32 all-reduce counter is modelled
+            f.write(f"{name},5,,,9.0,,,,,{nbytes // 2},{modelled}\n")  # an earlier validation, half the bytes
+            f.write(f"{name},10,,,{loss},,,,,{nbytes},{modelled}\n")
     path, table = plot.frontier(plot.read_csv(tmp_path / "runs.csv"), tmp_path / "out", "adamw")
     assert path.is_file()
+    assert "| B / it |" in table.splitlines()[0]
     lines = {row.split(" | ")[0].strip("| "): row.split(" | ")[1:] for row in table.splitlines()[2:]}
-    # k8_s1 against adamw_s1: 3.3 / 3.0 = +10%, 1e6 / 1e3 bytes; k8_s2 against adamw_s2.
-    assert lines["k8_s1"] == ["3.3000", "+10.0%", "1,000", "1,000x |"]
-    assert lines["k8_s2"] == ["3.0000", "-25.0%", "2,000", "500x |"]
-    assert lines["k8_1b_s2"] == ["2.0000", "-50.0%", "500", "2,000x |"]
-    assert lines["adamw_s2"][1] == "+0.0%"
+    # k8_s1 against adamw_s1: 3.3 / 3.0 = +10%; k8_s2 against adamw_s2. Bytes against B, a bf16
+    # ring: half AdamW's fp32 counter (1e6 over 10 steps): 5e5.
+    assert lines["k8_s1"] == ["3.3000", "+10.0%", "1,000", "500x |"]
+    assert lines["k8_s2"] == ["3.0000", "-25.0%", "2,000", "250x |"]
+    assert lines["k8_1b_s2"] == ["2.0000", "-50.0%", "500", "1,000x |"]
+    assert lines["adamw_s2"][1] == "+0.0%" and lines["adamw_s2"][3] == "0.5x |"
 
 
 def _elastic_log(path, steps, seconds, tps, participants=None, extra=()):

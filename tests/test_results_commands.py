@@ -27,6 +27,7 @@ SUITE_SCRIPTS = {"runs": ("benchmarks/runs.py", ["--out", "OUT"]),
                  "link": ("benchmarks/shaped_link.py", ["--device", "gpu", "--out", "OUT"]),
                  "outer": ("benchmarks/outer_step.py", []),
                  "elastic": ("benchmarks/elastic_outage.py", ["--out", "OUT", "--work", "WORK"])}
+RUNS_SWITCHES = {"--shared-gpu"}  # benchmarks/runs.py's flags that take no value
 SMALL_1000 = "--model.flavor small --training.steps 1000 --validation.freq 250 --metrics.log_freq 50"
 
 
@@ -111,9 +112,9 @@ def plan(commands: list[list[str]]) -> tuple[list[str], list[dict], list[dict]]:
             if suite == "runs":
                 common, nproc = _value(rest, "--common"), _value(rest, "--nproc") or None
                 i = 0
-                while i < len(rest):  # runs.py's flags all take a value; the rest are job specs
+                while i < len(rest):  # runs.py's flags take a value but its switches; the rest are job specs
                     if rest[i].startswith("--"):
-                        i += 2
+                        i += 1 if rest[i] in RUNS_SWITCHES else 2
                         continue
                     job(where, rest[i], common, nproc)
                     i += 1
