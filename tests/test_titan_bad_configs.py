@@ -1,9 +1,16 @@
-"""Bad configs fail fast through scripts/launch.sh: non-zero exit, one clear message,
-no hang (each run is bounded by a timeout), before any training step."""
+"""Bad configs fail fast: non-zero exit, one clear message, no hang (each run is bounded by a
+timeout), before any training step. Every case goes through the launcher's own check
+(flexdemo.titan.launch.plan, what scripts/launch.sh runs before torchrun starts a rank), all of
+them in one process; two of them also through scripts/launch.sh end to end."""
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from titan_launch import CONFIGS, launch
+from titan_launch import CONFIGS, REPO, cache_holding, launch
 
 DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
 
@@ -52,8 +59,55 @@ def _check_fails(run, message):
     assert "[rank" not in run.output and "step:" not in run.output  # before torchrun started any rank
 
 
+# Each case through flexdemo.titan.launch.plan as the launcher calls it, its exit code and
+# everything it printed (fd 1 and 2: tyro's errors go to the terminal's stream) captured per case.
+_PLAN_EVERY_CASE = r"""
+import json, os, sys, tempfile
+from flexdemo.titan.launch import plan
+results = {}
+for name, (config, overrides) in json.loads(sys.argv[1]).items():
+    with tempfile.TemporaryFile("w+") as f:
+        sys.stdout.flush(); sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(f.fileno(), 1); os.dup2(f.fileno(), 2)
+        try:
+            plan(config, overrides)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+        f.seek(0)
+        results[name] = [code, f.read()]
+print(json.dumps(results))
+"""
+
+
+class _Checked:
+    def __init__(self, returncode, output):
+        self.returncode, self.output = returncode, output
+
+
+@pytest.fixture(scope="module")
+def planned(assets, tmp_path_factory):
+    dump = tmp_path_factory.mktemp("dump")
+    cases = {name: [str(DEMO), ["--job.dump_folder", str(dump), *overrides]] for name, (overrides, _) in CASES.items()}
+    env = {**os.environ, "NPROC": "4", "FLEXDEMO_CACHE": cache_holding(assets), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", _PLAN_EVERY_CASE, json.dumps(cases)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {name: _Checked(*result) for name, result in json.loads(proc.stdout.splitlines()[-1]).items()}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_bad_config_fails_fast(name, tmp_path, assets):
+def test_bad_config_fails_fast(name, planned):
+    _check_fails(planned[name], CASES[name][1])
+
+
+@pytest.mark.parametrize("name", ["replicate_not_dividing_world", "dataset_without_its_tokenizer"])
+def test_bad_config_fails_fast_through_the_launcher(name, tmp_path, assets):
     overrides, message = CASES[name]
     run = launch(DEMO, tmp_path / "dump", *overrides, assets=assets, timeout=120)
     _check_fails(run, message)
