@@ -8,16 +8,15 @@ model on cuda:0 and joins a **gloo** process group before torchtitan starts (tor
 ``init_distributed`` keeps a group that is already up); gloo moves CUDA tensors through host
 memory. The rank code is flexdemo's own (flexdemo.titan.entry.run): the same config check,
 trainer and exchange; only the transport differs. Losses and byte counters compare with NCCL
-runs (up to the summation order); tokens/s do not: the replicas take turns on one GPU.
+runs (up to the summation order); tokens/s do not: the replicas take turns on one GPU. On a
+machine without a GPU the same path runs on CPU, bit for bit the run scripts/launch.sh starts
+(tests/test_titan_e2e.py).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def rank_main(argv: list[str]) -> None:
@@ -46,10 +45,12 @@ def launch_main(argv: list[str]) -> None:
     assets = ["--model.hf_assets_path", p.assets] if p.assets else []
     from torch.distributed.run import main as torchrun
 
-    port = os.environ.get("MASTER_PORT", "29500")
-    # rank 0's lines only, prefixed "[rank0]:" as scripts/launch.sh has them (benchmarks/titan_logs.py)
-    torchrun(["--nproc_per_node", str(p.nproc), "--master_port", port, "--local-ranks-filter", "0",
-              "--role", "rank", "--tee", "3", __file__, "--rank",
+    env = os.environ.get
+    # as scripts/launch.sh: rank LOG_RANK's lines on the console, prefixed "[rank0]:"
+    # (benchmarks/titan_logs.py reads them), every rank's in LOG_DIR when set
+    torchrun(["--nproc_per_node", str(p.nproc), "--master_port", env("MASTER_PORT", "29500"),
+              "--local-ranks-filter", env("LOG_RANK", "0"), "--role", "rank", "--tee", "3",
+              *(["--log-dir", env("LOG_DIR")] if env("LOG_DIR") else []), __file__, "--rank",
               "--job.config_file", config, *assets, *overrides])
 
 

@@ -256,6 +256,18 @@ def test_overlap_resume_is_bit_identical(tmp_path, assets, lookahead):
     assert resumed.digests()[(0, steps)] == full.digests()[(0, steps)]
 
 
+def test_the_shared_gpu_benchmark_harness_trains_the_same_run(demo_run, tmp_path, assets):
+    # benchmarks/shared_gpu.py (a job's replicas on one GPU over gloo, for results where one GPU is
+    # lent) runs the ranks as launch.sh does, with its own process group set up first: on CPU,
+    # where both use gloo, the same losses and replica digests bit for bit.
+    shared = launch(DEMO, tmp_path / "shared", *_demo_overrides(), assets=assets, timeout=RUN_TIMEOUT,
+                    launcher=[sys.executable, str(REPO / "benchmarks" / "shared_gpu.py")])
+    assert shared.returncode == 0, shared.output[-3000:]
+    assert "already initialized" in shared.output  # torchtitan kept the harness's process group
+    assert shared.losses(0) == demo_run.losses(0) and sorted(shared.losses(0)) == list(range(1, STEPS + 1))
+    assert shared.digests() == demo_run.digests() and (0, STEPS) in shared.digests()
+
+
 def test_elias_fano_indices_train_the_same_run_with_fewer_bytes(demo_run, tmp_path, assets):
     # 2 replicas x 2 shards on CPU: index_coding = "elias_fano" against the shared run's fixed-width
     # indices, the same losses and replica digests, fewer bytes in the exchange metrics.

@@ -81,8 +81,9 @@ def cache_holding(assets: str | Path) -> str:
 
 
 def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeout: float,
-           nproc: int = 4, env: dict | None = None, while_running=None) -> Run:
-    """Run scripts/launch.sh (all ranks' output kept); kill the whole group on timeout.
+           nproc: int = 4, env: dict | None = None, while_running=None, launcher: list[str] | None = None) -> Run:
+    """Run scripts/launch.sh (or ``launcher``, which takes the same arguments and environment;
+    all ranks' output kept); kill the whole group on timeout.
     ``while_running(run)`` is called every second until the job ends (e.g. to kill a rank)."""
     env = {
         **os.environ,
@@ -94,7 +95,7 @@ def launch(config: str | Path, dump: Path, *overrides: str, assets: Path, timeou
         "OMP_NUM_THREADS": "1",
         **(env or {}),
     }
-    cmd = ["bash", str(LAUNCH), str(config), "--job.dump_folder", str(dump),
+    cmd = [*(launcher or ["bash", str(LAUNCH)]), str(config), "--job.dump_folder", str(dump),
            "--metrics.disable_color_printing", *overrides]
     run = Run(-1, "", dump, dump / "torchrun_logs")
     with tempfile.TemporaryFile("w+") as console:
