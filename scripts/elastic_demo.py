@@ -1,8 +1,8 @@
 """Elastic replicas, shown on CPU: a Lighthouse on localhost (scripts/lighthouse.sh), three
 replicas of train_configs/cpu_elastic_demo.toml (one process each, gloo, a checkpoint every 10
-steps), replica 2 killed (SIGKILL) at about step 15 and started again at about step 25 in its
-own folder: it loads its last checkpoint, then heals from a live peer at the peers' step; then
-(unless --no-baseline) the same run untouched, for its final loss.
+steps), replica 2 killed (SIGKILL) at about step 15, once it has written a checkpoint, and started
+again at about step 25 in its own folder: it loads its last checkpoint, then heals from a live
+peer at the peers' step; then (unless --no-baseline) the same run untouched, for its final loss.
 
   python3 scripts/elastic_demo.py [--modes demo,demo_diloco] [--out outputs/elastic_demo] [--steps 150] [--no-baseline]
 
@@ -62,6 +62,14 @@ def start_replica(cluster: Cluster, replica: int, name: str, flags: list[str], s
                                  "--metrics.disable_color_printing", *flags])
 
 
+def wait_for_checkpoint(cluster: Cluster, name: str, folder: Path, deadline: float) -> None:
+    """Until ``folder`` holds a complete checkpoint (DCP writes its .metadata last)."""
+    while not any((d / ".metadata").is_file() for d in folder.glob("step-*")):
+        if cluster.procs[name].poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"{name} wrote no checkpoint in {folder} before it ended or the deadline")
+        time.sleep(0.2)
+
+
 def parse(log: Path) -> tuple[dict[int, tuple[int, str]], dict[int, float]]:
     text = log_text(log)
     checks = {int(m.group(1)): (int(m.group(2)), m.group(3)) for m in STEP_LINE.finditer(text)}
@@ -83,6 +91,9 @@ def run_mode(mode: str, out: Path, steps: int, kill_at: int, restart_at: int, ti
     try:
         deadline = time.time() + timeout
         run.wait_for_step("replica2", kill_at, deadline)
+        # A replica that joined late (healed at start from a peer ahead of it) may not have written
+        # a checkpoint yet: the kill waits for its first one, which the restart is to load.
+        wait_for_checkpoint(run, "replica2", run.folder / "replica2" / "checkpoint", deadline)
         run.kill("replica2")
         killed = last_logged_step(run.log("replica0"))
         run.wait_for_step("replica0", restart_at, deadline)
