@@ -37,12 +37,16 @@ def launch_main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: NPROC=N python3 benchmarks/shared_gpu.py CONFIG.toml [overrides]")
     config, overrides = argv[0], argv[1:]
-    from flexdemo.titan.launch import plan
+    from flexdemo.titan import launch
 
-    p = plan(config, overrides)  # NPROC ranks on this node; the config checked for that world size
+    p = launch.plan(config, overrides)  # NPROC ranks on this node; the config checked for that world size
     if p.ngpu > 1:
         sys.exit(f"shared_gpu: for one visible GPU, found {p.ngpu} (set CUDA_VISIBLE_DEVICES to one)")
     assets = ["--model.hf_assets_path", p.assets] if p.assets else []
+    # on CPU the ranks fork from launch.py's forkserver, as launch.sh's do (imports paid once)
+    start = [] if p.ngpu else ["--start-method", "forkserver", "--run-path"]
+    if not p.ngpu:
+        launch.start_cpu_forkserver()
     from torch.distributed.run import main as torchrun
 
     env = os.environ.get
@@ -50,7 +54,7 @@ def launch_main(argv: list[str]) -> None:
     # (benchmarks/titan_logs.py reads them), every rank's in LOG_DIR when set
     torchrun(["--nproc_per_node", str(p.nproc), "--master_port", env("MASTER_PORT", "29500"),
               "--local-ranks-filter", env("LOG_RANK", "0"), "--role", "rank", "--tee", "3",
-              *(["--log-dir", env("LOG_DIR")] if env("LOG_DIR") else []), __file__, "--rank",
+              *(["--log-dir", env("LOG_DIR")] if env("LOG_DIR") else []), *start, __file__, "--rank",
               "--job.config_file", config, *assets, *overrides])
 
 

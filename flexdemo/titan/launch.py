@@ -79,7 +79,7 @@ def _may_have_gpu() -> bool:
     return os.path.exists("/dev/nvidiactl") and os.environ.get("CUDA_VISIBLE_DEVICES") != ""
 
 
-def _start_cpu_forkserver() -> None:
+def start_cpu_forkserver() -> None:
     """The forkserver the CPU ranks fork from, importing CPU_PRELOAD now (beside plan())."""
     import multiprocessing
     import multiprocessing.forkserver
@@ -100,12 +100,12 @@ def main(argv: list[str] | None = None) -> None:
 
     started = not _may_have_gpu()
     if started:  # before torch is imported here: the server's imports run beside this process's
-        _start_cpu_forkserver()
+        start_cpu_forkserver()
     import torch
 
     cpu = not torch.cuda.is_available()
     if cpu and not started:
-        _start_cpu_forkserver()
+        start_cpu_forkserver()
     p = plan(config, overrides)
     if cpu:
         print(f"launch: no GPU found, running {p.nproc} CPU processes with gloo", file=sys.stderr, flush=True)
