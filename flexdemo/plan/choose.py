@@ -4,10 +4,8 @@ time are ranked by their loss instead (a faster link then buys nothing)."""
 
 from __future__ import annotations
 
-from flexdemo.titan.config import DILOCO_MODES
-
 from .evidence import LOSS_TOLERANCE
-from .model import Row, check_interval
+from .model import Row, variant_keys
 
 TIE = 1.02  # step times within 2% count as equal
 
@@ -44,10 +42,7 @@ def recommend(rows: list[Row]) -> tuple[Row | None, str]:
 def how_to_run(row: Row, config: str, job_config) -> str:
     """The config and the flags that turn it into the row (and the preset it copies)."""
     cfg = job_config.flexdemo
-    keys = [("mode", row.variant.mode), *row.variant.keys]
-    if row.variant.mode in DILOCO_MODES:
-        h = dict(row.variant.keys).get("sync_interval", cfg.sync_interval)
-        keys.append(("replica_check_interval", check_interval(cfg.replica_check_interval, h)))
+    keys = variant_keys(cfg, row.variant)
     flags = [(f"--flexdemo.{k}" if v else f"--flexdemo.no-{k}") if isinstance(v, bool) else f"--flexdemo.{k} {v}"
              for k, v in keys if getattr(cfg, k) != v]
     preset = f"; the keys of train_configs/{row.variant.preset}" if row.variant.preset else ""

@@ -123,15 +123,21 @@ def check_interval(interval: int, sync_interval: int) -> int:
     return interval and sync_interval * max(1, round(interval / sync_interval))
 
 
-def variant_config(job_config, v: Variant, c: Cluster):
-    """The config with the variant's mode and keys, one replica per node."""
-    jc = copy.deepcopy(job_config)
-    jc.flexdemo.mode = v.mode
-    for k, val in v.keys:
-        setattr(jc.flexdemo, k, val)
-    cfg = jc.flexdemo
+def variant_keys(cfg, v: Variant) -> list[tuple[str, object]]:
+    """The [flexdemo] keys the variant sets on ``cfg``: its mode, its keys and, in the DiLoCo
+    modes, a replica check interval the config accepts for its H."""
+    keys = [("mode", v.mode), *v.keys]
     if v.mode in DILOCO_MODES:
-        cfg.replica_check_interval = check_interval(cfg.replica_check_interval, cfg.sync_interval)
+        h = dict(v.keys).get("sync_interval", cfg.sync_interval)
+        keys.append(("replica_check_interval", check_interval(cfg.replica_check_interval, h)))
+    return keys
+
+
+def variant_config(job_config, v: Variant, c: Cluster):
+    """The config with the variant's keys, one replica per node."""
+    jc = copy.deepcopy(job_config)
+    for k, val in variant_keys(jc.flexdemo, v):
+        setattr(jc.flexdemo, k, val)
     p = jc.parallelism
     p.data_parallel_replicate_degree = c.nodes
     p.data_parallel_shard_degree = c.gpus_per_node // (p.tensor_parallel_degree * p.pipeline_parallel_degree)
