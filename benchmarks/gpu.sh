@@ -24,13 +24,19 @@
 #   elastic [ARGS]        4 elastic replicas on torchft (one GPU each, small): one killed and restarted;
 #                         tokens/s before, during and after the outage, held-out loss against an
 #                         uninterrupted run (benchmarks/elastic_outage.py ARGS; needs the torchft wheels)
-#   detach SUITE [ARGS]   SUITE in the background, in a session of its own (it outlives this call while
-#                         the machine stays warm), results in /tmp/detached/SUITE/
+#   large [PART...]       issue 35's large-model rows, 4 GPUs as 2 replicas x 2: 8b_long (per-step demo vs
+#                         AdamW-HSDP, 300 steps, held-out loss), 8b_layouts (TP 2 vs FSDP 2 in a replica,
+#                         the DiLoCo modes), 14b (qwen3 14B per mode, 30 steps); seq 4096, batch 1, full AC
+#   detach SUITE [ARGS] [+ SUITE [ARGS]]...  the suites one after another in the background, in a session
+#                         of its own (it outlives this call while the machine stays warm), results in
+#                         /tmp/detached/SUITE/
+#   collect [SECONDS]     waits for the detached suites (default 540 s), then packs /tmp/detached into
+#                         $OUT/collect/detached.tgz
 #   watch [SECONDS]       progress of a detached `runs` every minute for SECONDS (default 540), then its
 #                         logs packed into $OUT/watch/runs_logs.tgz (benchmarks/watch_runs.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SUITE=${1:?usage: bash benchmarks/gpu.sh codec|step|outer|runs|link|checks|profile|elastic|detach|watch [ARGS...]}
+SUITE=${1:?usage: bash benchmarks/gpu.sh codec|step|outer|runs|link|checks|profile|elastic|large|detach|collect|watch [ARGS...]}
 shift
 R="${OUT:-outputs}/$SUITE"
 mkdir -p "$R"
@@ -130,10 +136,61 @@ profile)
   done
   python3 benchmarks/summarize_logs.py "$R"/*.log | tee "$R/summary.md"
   ;;
+large)
+  # The 8B templates on the offline corpus, 2 replicas x 2 FSDP shards, one job at a time on all 4 GPUs.
+  L=(--training.dataset flexdemo_pysource --validation.dataset flexdemo_pysource_validation
+     --model.hf_assets_path "''" --training.local_batch_size 1 --training.seq_len 4096
+     --validation.local_batch_size 1 --validation.seq_len 4096 --validation.steps 10 --checkpoint.no-enable
+     --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2
+     --lr_scheduler.warmup_steps 30 --metrics.log_freq 10 --metrics.no-enable-tensorboard)
+  Q="--model.name flexdemo_qwen3 --model.flavor 14B"
+  DL="--flexdemo.mode diloco --flexdemo.outer_lr 0.7 --flexdemo.outer_momentum 0.9 --flexdemo.outer_nesterov
+      --flexdemo.outer_value_encoding bf16"
+  SHORT="--validation.no-enable --flexdemo.sync_interval 8"
+  for part in "${@:-8b_long 8b_layouts 14b}"; do
+    case $part in
+      8b_long) v=("8b_demo multinode_llama3_8b_flexdemo" "8b_hsdp multinode_llama3_8b_hsdp_adamw")
+               flags="--training.steps 300 --validation.freq 100"; t=560 ;;
+      8b_layouts) v=("8b_demo_tp2 multinode_llama3_8b_flexdemo --parallelism.tensor_parallel_degree 2
+                     --parallelism.data_parallel_shard_degree 1" "8b_demo_diloco multinode_llama3_8b_demo_diloco"
+                     "8b_diloco multinode_llama3_8b_demo_diloco $DL")
+                  flags="--training.steps 24 $SHORT"; t=300 ;;
+      14b) v=("14b_demo multinode_llama3_8b_flexdemo $Q" "14b_hsdp multinode_llama3_8b_hsdp_adamw $Q"
+              "14b_demo_diloco multinode_llama3_8b_demo_diloco $Q" "14b_diloco multinode_llama3_8b_demo_diloco $Q $DL
+              --flexdemo.outer_state_device cpu")
+           flags="--training.steps 32 $SHORT"; t=360 ;;
+      *) echo "unknown part $part (8b_long, 8b_layouts, 14b)" >&2; exit 2 ;;
+    esac
+    python3 benchmarks/runs.py --out "$R/$part" --nproc 4 --concurrent 1 --timeout $t \
+      --common "${L[*]} $flags" "${v[@]}" 2>&1 | tail -12
+  done
+  ;;
 detach)
-  mkdir -p /tmp/detached
-  OUT=/tmp/detached setsid nohup bash benchmarks/gpu.sh "$@" > /tmp/detached/console.log 2>&1 < /dev/null &
+  # SUITE [ARGS] [+ SUITE [ARGS]]...: one after another; /tmp/detached/done once all have ended
+  mkdir -p /tmp/detached && rm -f /tmp/detached/done
+  OUT=/tmp/detached setsid nohup bash -c 'cmd=()
+    for a in "$@" +; do
+      if [[ $a == + ]]; then bash benchmarks/gpu.sh "${cmd[@]}"; cmd=(); else cmd+=("$a"); fi
+    done
+    touch /tmp/detached/done' _ "$@" > /tmp/detached/console.log 2>&1 < /dev/null &
   echo "detached: bash benchmarks/gpu.sh $* (pid $!; /tmp/detached/console.log)"
+  exit 0
+  ;;
+collect)
+  # Waits for detached suites (at most SECONDS), printing each active log's last step every minute;
+  # then everything under /tmp/detached (logs, tables) is packed into $OUT/collect/detached.tgz.
+  end=$((SECONDS + ${1:-540})); next=0
+  while [[ ! -f /tmp/detached/done ]] && (( SECONDS < end )); do
+    if (( SECONDS >= next )); then
+      next=$((SECONDS + 60)); echo "--- $(date +%T)"
+      find /tmp/detached -name '*.log' -mmin -1 | while read -r f; do
+        echo "$f: $(grep -a ' step: ' "$f" | tail -1 | cut -c1-160)"; done
+    fi
+    sleep 5
+  done
+  [[ -f /tmp/detached/done ]] && echo "all detached suites ended" || echo "still running"
+  tail -15 /tmp/detached/console.log
+  tar czf "$R/detached.tgz" --exclude dumps -C /tmp/detached .
   exit 0
   ;;
 watch)
@@ -147,6 +204,6 @@ elastic)
   python3 benchmarks/elastic_outage.py --out "$R" --work outputs/elastic_runs "$@" 2>&1 | tail -40
   ;;
 *)
-  echo "unknown suite $SUITE: codec, step, outer, runs, link, checks, profile, elastic, detach or watch" >&2; exit 2 ;;
+  echo "unknown suite $SUITE: codec, step, outer, runs, link, checks, profile, elastic, large, detach, collect or watch" >&2; exit 2 ;;
 esac
 tar czf "${OUT:-outputs}/$SUITE.tgz" --exclude dumps -C "${OUT:-outputs}" "$SUITE"

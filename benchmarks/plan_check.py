@@ -10,6 +10,11 @@ compute step taken from the same folder's logs, not fitted: AdamW's step off the
 run's steps that carry no replica traffic; the DiLoCo modes' own inner steps for themselves. The
 per-step mode adds DeMo's measured optimizer time over AdamW's (flexdemo.plan.evidence).
 Measured: the run's seconds per step over whole cycles after warm-up (step 5 or the first sync).
+
+A run predicted before it is made: ``--predict FOLDER --nodes N --gbit B --flavor F --sync-interval H
+--gpu H200 --methods M,...`` writes docs/results/FOLDER/prediction.json (the compute step then comes
+from the planner's table for that GPU, as a user without logs would get it), to commit before the
+run; once the run's folder is on the page, the table shows that prediction beside the logs' one.
 """
 
 from __future__ import annotations
@@ -112,6 +117,26 @@ def checks() -> list[Check]:
     return out
 
 
+def predict(folder: str, nodes: int, gbit: float, flavor: str, h: int, gpu: str, methods: list[str]) -> dict:
+    """Per method: the planner's seconds and bytes per step, its compute step from ``gpu``'s table."""
+    from torchtitan.config import ConfigManager
+
+    from flexdemo.plan.compute import compute_step
+    from flexdemo.plan.model import Cluster, Variant, plan_row
+
+    out = {"nodes": nodes, "link_gbit": gbit, "flavor": flavor, "sync_interval": h, "gpu": gpu,
+           "rtt_ms": 0.0, "methods": {}}
+    for method in methods:
+        configs, flags = CONFIGS[method]
+        jc = ConfigManager().parse_args(["--job.config_file", str(REPO / "train_configs" / f"{configs['gpu']}.toml"),
+                                         "--model.flavor", flavor, "--flexdemo.sync_interval", str(h), *flags])
+        step = compute_step(jc, gpu)
+        row = plan_row(jc, Variant(jc.flexdemo.mode), Cluster(nodes, gbit, 0.0, 1, step.seconds, None, "-"))
+        out["methods"][method] = {"seconds_per_step": row.seconds_per_step, "compute_step": step.seconds,
+                                  "compute_from": step.how, "bytes_per_rank_per_step": row.bytes_per_rank_per_step}
+    return out
+
+
 def markdown(rows: list[Check]) -> str:
     lines = ["| folder | method | compute step (from) | predicted s/step | measured s/step | error | "
              "bytes/step predicted / logged |", "|---|---|---|---:|---:|---:|---:|"]
@@ -123,7 +148,24 @@ def markdown(rows: list[Check]) -> str:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--predict", metavar="FOLDER", help="write docs/results/FOLDER/prediction.json and stop")
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--gbit", type=float, default=0.2)
+    ap.add_argument("--flavor", default="small")
+    ap.add_argument("--sync-interval", type=int, default=8)
+    ap.add_argument("--gpu", default="H200")
+    ap.add_argument("--methods", default="adamw,flexdemo,flexdemo_sharded,diloco,demo_diloco")
+    args = ap.parse_args()
+    if args.predict:
+        pred = predict(args.predict, args.nodes, args.gbit, args.flavor, args.sync_interval, args.gpu,
+                       args.methods.split(","))
+        path = RESULTS / args.predict / "prediction.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(pred, indent=1) + "\n")
+        for m, r in pred["methods"].items():
+            print(f"{m}: {r['seconds_per_step']:.4f} s/step, {r['bytes_per_rank_per_step']:,.0f} B/step")
+        return 0
     rows = checks()
     print(markdown(rows))
     within = sum(abs(c.error) <= TOLERANCE for c in rows)
