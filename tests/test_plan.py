@@ -140,3 +140,22 @@ def test_a_config_that_fits_nowhere_exits_2(capsys):
 
 def test_the_readme_table_is_the_planners():
     assert readme.current((REPO / "README.md").read_text()) == readme.table(REPO)
+
+
+def test_the_sparseloco_loss_cost_is_the_long_runs_data():
+    """The planner's cited cost of SparseLoCo's preset is recomputed from the results page's runs.csv
+    (final held-out losses, the preset against AdamW on seed 1234), and its settings are the preset's."""
+    import csv
+
+    from flexdemo.plan.evidence import LOSS_COSTS
+
+    final = {}
+    with open(REPO / "docs" / "results" / "long_small_shared_h200" / "runs.csv") as f:
+        for r in csv.DictReader(f):
+            if r["val_loss"]:
+                final[r["run"]] = float(r["val_loss"])  # rows are in step order: the last one stays
+    cost = next(c for c in LOSS_COSTS if "results.md 10" in c.where)
+    assert cost.vs_adamw == (round(final["sparseloco_s1234"] / final["adamw_s1234"] - 1, 3),)
+    preset = tomllib.loads((CONFIGS / "gpu_2gpu_sparseloco.toml").read_text())["flexdemo"]
+    assert {k: preset[k] for k in cost.settings if k in preset} == {k: v for k, v in cost.settings.items() if k in preset}
+    assert set(cost.settings) - set(preset) <= {"exchange"}
