@@ -79,6 +79,25 @@ def test_default_dir_honours_env_and_python_version(monkeypatch, tmp_path):
     assert d.startswith(str(tmp_path)) and f"py{sys.version_info.major}.{sys.version_info.minor}" in d
 
 
+def test_pysource_cache_key_follows_the_installed_distributions(monkeypatch, tmp_path):
+    # The pysource corpus is read from the source roots, so its cache key must change when a
+    # distribution there is added, upgraded or removed, and only then.
+    from flexdemo.data import pysource
+
+    monkeypatch.setattr(pysource, "source_roots", lambda: [tmp_path])
+    (tmp_path / "mod.py").write_text("x = 1\n")
+    keys = [pysource.environment_fingerprint()]
+    (tmp_path / "foo-1.0.dist-info").mkdir()
+    keys.append(pysource.environment_fingerprint())
+    (tmp_path / "foo-1.0.dist-info").rename(tmp_path / "foo-1.1.dist-info")
+    keys.append(pysource.environment_fingerprint())
+    (tmp_path / "bar-2.0.egg-info").mkdir()
+    keys.append(pysource.environment_fingerprint())
+    (tmp_path / "other.py").write_text("y = 2\n")  # not a distribution: same key
+    assert pysource.environment_fingerprint() == keys[-1]
+    assert len(set(keys)) == len(keys), keys
+
+
 def _cli_worker(out, results):
     from flexdemo.data.__main__ import main
 

@@ -14,7 +14,6 @@ of one module, can still land on both sides).
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import os
 import platform
 import site
@@ -43,10 +42,13 @@ def source_roots() -> list[Path]:
 
 
 def environment_fingerprint() -> str:
-    """Changes whenever an installed distribution (or Python itself) changes: the cache key."""
-    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
-                   if d.metadata["Name"])
-    text = "\n".join([platform.python_version(), *map(str, source_roots()), *dists])
+    """Changes whenever a distribution installed in the source roots (or Python itself) changes: the
+    cache key. Read from the roots' ``NAME-VERSION.dist-info`` / ``.egg-info`` entry names, not from
+    each distribution's metadata file, which took 0.6 s per call with ~230 installed."""
+    roots = source_roots()
+    installed = sorted(name for root in roots for name in os.listdir(root)
+                       if name.endswith((".dist-info", ".egg-info")))
+    text = "\n".join([platform.python_version(), *map(str, roots), *installed])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
