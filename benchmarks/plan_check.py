@@ -117,6 +117,23 @@ def checks() -> list[Check]:
     return out
 
 
+def prior_checks() -> list[Check]:
+    """Runs predicted before they were made: each docs/results folder with a prediction.json (its
+    compute step from the planner's GPU table) and the run's runs.csv; methods the run logged."""
+    out = []
+    for path in sorted(RESULTS.glob("*/prediction.json")):
+        if not (path.parent / "runs.csv").is_file():
+            continue
+        pred, (runs, logged) = json.loads(path.read_text()), _runs(path.parent.name)
+        for method, p in pred["methods"].items():
+            if method in runs:
+                cycle = pred["sync_interval"] if method.endswith("diloco") else 1
+                out.append(Check(f"{path.parent.name} (predicted first)", method, p["compute_step"],
+                                 f"{pred['gpu']} table", p["seconds_per_step"], measured_step(runs[method], cycle),
+                                 p["bytes_per_rank_per_step"], logged[method]))
+    return out
+
+
 def predict(folder: str, nodes: int, gbit: float, flavor: str, h: int, gpu: str, methods: list[str]) -> dict:
     """Per method: the planner's seconds and bytes per step, its compute step from ``gpu``'s table."""
     from torchtitan.config import ConfigManager
@@ -166,7 +183,7 @@ def main() -> int:
         for m, r in pred["methods"].items():
             print(f"{m}: {r['seconds_per_step']:.4f} s/step, {r['bytes_per_rank_per_step']:,.0f} B/step")
         return 0
-    rows = checks()
+    rows = checks() + prior_checks()
     print(markdown(rows))
     within = sum(abs(c.error) <= TOLERANCE for c in rows)
     print(f"\n{within} of {len(rows)} within {TOLERANCE:.0%}")
