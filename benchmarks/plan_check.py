@@ -134,7 +134,7 @@ def prior_checks() -> list[Check]:
     return out
 
 
-def predict(folder: str, nodes: int, gbit: float, flavor: str, h: int, gpu: str, methods: list[str]) -> dict:
+def predict(nodes: int, gbit: float, flavor: str, h: int, gpu: str, methods: list[str]) -> dict:
     """Per method: the planner's seconds and bytes per step, its compute step from ``gpu``'s table."""
     from torchtitan.config import ConfigManager
 
@@ -175,7 +175,7 @@ def main() -> int:
     ap.add_argument("--methods", default="adamw,flexdemo,flexdemo_sharded,diloco,demo_diloco")
     args = ap.parse_args()
     if args.predict:
-        pred = predict(args.predict, args.nodes, args.gbit, args.flavor, args.sync_interval, args.gpu,
+        pred = predict(args.nodes, args.gbit, args.flavor, args.sync_interval, args.gpu,
                        args.methods.split(","))
         path = RESULTS / args.predict / "prediction.json"
         path.parent.mkdir(parents=True, exist_ok=True)
