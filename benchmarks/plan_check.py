@@ -90,9 +90,16 @@ def measured_step(times: dict[int, float], cycle: int) -> float:
     raise ValueError("no whole cycle logged")
 
 
-def checks() -> list[Check]:
+def method_config(method: str, flavor: str, sync_interval: int):
+    """The job config a shaped-link method ran on a GPU (benchmarks/shaped_link.py's CONFIGS)."""
     from torchtitan.config import ConfigManager
 
+    configs, flags = CONFIGS[method]
+    return ConfigManager().parse_args(["--job.config_file", str(REPO / "train_configs" / f"{configs['gpu']}.toml"),
+                                       "--model.flavor", flavor, "--flexdemo.sync_interval", str(sync_interval), *flags])
+
+
+def checks() -> list[Check]:
     from flexdemo.plan.model import Cluster, Variant, plan_row
     from flexdemo.titan.config import DILOCO_MODES
 
@@ -105,9 +112,7 @@ def checks() -> list[Check]:
         else:
             adamw, adamw_from = quiet_step(runs["diloco"], h), "diloco's inner steps"
         for method, m in res["methods"].items():
-            configs, flags = CONFIGS[method]
-            jc = ConfigManager().parse_args(["--job.config_file", str(REPO / "train_configs" / f"{configs['gpu']}.toml"),
-                                             "--model.flavor", flavor, "--flexdemo.sync_interval", str(h), *flags])
+            jc = method_config(method, flavor, h)
             diloco = jc.flexdemo.mode in DILOCO_MODES
             compute, compute_from = (quiet_step(runs[method], h), "its inner steps") if diloco else (adamw, adamw_from)
             row = plan_row(jc, Variant(jc.flexdemo.mode), Cluster(nodes, gbit, 0.0, 1, compute, None, "-"))
@@ -136,17 +141,13 @@ def prior_checks() -> list[Check]:
 
 def predict(nodes: int, gbit: float, flavor: str, h: int, gpu: str, methods: list[str]) -> dict:
     """Per method: the planner's seconds and bytes per step, its compute step from ``gpu``'s table."""
-    from torchtitan.config import ConfigManager
-
     from flexdemo.plan.compute import compute_step
     from flexdemo.plan.model import Cluster, Variant, plan_row
 
     out = {"nodes": nodes, "link_gbit": gbit, "flavor": flavor, "sync_interval": h, "gpu": gpu,
            "rtt_ms": 0.0, "methods": {}}
     for method in methods:
-        configs, flags = CONFIGS[method]
-        jc = ConfigManager().parse_args(["--job.config_file", str(REPO / "train_configs" / f"{configs['gpu']}.toml"),
-                                         "--model.flavor", flavor, "--flexdemo.sync_interval", str(h), *flags])
+        jc = method_config(method, flavor, h)
         step = compute_step(jc, gpu)
         row = plan_row(jc, Variant(jc.flexdemo.mode), Cluster(nodes, gbit, 0.0, 1, step.seconds, None, "-"))
         out["methods"][method] = {"seconds_per_step": row.seconds_per_step, "compute_step": step.seconds,
