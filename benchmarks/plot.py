@@ -256,9 +256,10 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
     # colour: the family (top-k, or the demo_diloco setting); marker: the variant within it
     families = sorted({d.split(",")[0] for d in settings})
     variants = sorted({d.partition(",")[2] for d in settings})
-    cmap = plt.get_cmap("tab10")
+    ncolors = 10 if len(families) <= 10 else 20  # tab10 repeats its colours past 10 families
+    cmap = plt.get_cmap(f"tab{ncolors}")
     markers = "osD^vP*Xh<>p"
-    style = {d: (cmap(families.index(d.split(",")[0]) % 10), markers[variants.index(d.partition(",")[2]) % 12])
+    style = {d: (cmap(families.index(d.split(",")[0]) % ncolors), markers[variants.index(d.partition(",")[2]) % 12])
              for d in settings}
     drawn = set()
     above = []
