@@ -20,11 +20,13 @@ from flexdemo.titan.spec import family_spec
 from titan_launch import CONFIGS, REPO, cache_holding
 
 CONFIG = CONFIGS / "cpu_2x2_flexdemo.toml"
+# The by-hand counts below are of llama3's debugmodel (the CPU configs train 2 of its 6 layers).
+DEBUGMODEL = ("--model.flavor", "debugmodel")
 FIELD = re.compile(r"(\w+)=([0-9.]+)GiB")
 
 
 def job(*overrides: str):
-    return ConfigManager().parse_args(["--job.config_file", str(CONFIG), *overrides])
+    return ConfigManager().parse_args(["--job.config_file", str(CONFIG), *DEBUGMODEL, *overrides])
 
 
 def parallel(replicas: int, fsdp: int, tp: int) -> list[str]:
@@ -267,7 +269,7 @@ def test_refuse_names_the_estimate_and_the_device():
 
 
 def _argv(*flags):
-    return ["--job.config_file", str(CONFIG), *flags]
+    return ["--job.config_file", str(CONFIG), *DEBUGMODEL, *flags]
 
 
 def test_config_check_refuses_warns_or_stays_silent(monkeypatch, capsys, assets):

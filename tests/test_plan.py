@@ -14,7 +14,7 @@ from flexdemo.plan.evidence import LossCost
 from flexdemo.plan.model import PRESETS, Cluster, Row, Variant, compressed_traffic, local_shapes, plan_rows
 from flexdemo.titan import memory
 from flexdemo.titan.config import FlexDemo, validate_job_config
-from titan_launch import CONFIGS, REPO, debugmodel_local_shapes, expected_payload_bytes
+from titan_launch import CONFIGS, REPO, cpu_model_local_shapes, expected_payload_bytes
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import plan_check  # noqa: E402
@@ -27,7 +27,7 @@ def _config(name: str, *overrides: str):
 @pytest.mark.parametrize("shards", [1, 2, 3])
 def test_fsdp_shards_are_torch_chunks_of_the_real_model(shards):
     params = memory.shapes_of(_config("cpu_2x2_flexdemo.toml")).params
-    assert local_shapes(params, shards, 1) == debugmodel_local_shapes(0, shards)
+    assert local_shapes(params, shards, 1) == cpu_model_local_shapes(0, shards)
 
 
 @pytest.mark.parametrize("world", [2, 3, 5])

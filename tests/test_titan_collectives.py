@@ -18,7 +18,7 @@ WORKER = REPO / "tests" / "titan_collectives_worker.py"
 
 def _collectives(trainer, config, steps, *overrides, assets):
     args = ["--job.config_file", str(CONFIGS / config), "--model.hf_assets_path", str(assets),
-            "--metrics.log_freq", "100", "--training.steps", "10", *overrides]
+            "--metrics.log_freq", "100", "--training.steps", str(max(steps)), *overrides]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TRAINER": trainer,
            "ARGS": " ".join(args), "RECORD_STEPS": ",".join(map(str, steps))}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",

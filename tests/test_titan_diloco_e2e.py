@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from titan_launch import (
-    CONFIGS, debugmodel_local_shapes, expected_payload_bytes, launch, load_dcp, tensorboard_scalars,
+    CONFIGS, cpu_model_local_shapes, expected_payload_bytes, launch, load_dcp, tensorboard_scalars,
 )
 
 STEPS, H, CKPT_STEP = 12, 4, 6
@@ -91,7 +91,7 @@ def test_demo_diloco_bytes_are_the_payload_formula(demo_diloco_run):
                 assert sent == received == expected, (rank, step, sent, expected)
             assert sent_total == (step // H) * expected
     # 12-bit index + sign bit per kept coefficient (1/8 kept), 4 bytes per block: ~1/10 of dense bf16.
-    numel = sum(math.prod(s) for s in debugmodel_local_shapes(0))
+    numel = sum(math.prod(s) for s in cpu_model_local_shapes(0))
     assert expected_payload_bytes(0, "scaled_sign", topk=OUTER_TOPK) < 0.11 * 2 * numel
 
 
@@ -152,7 +152,7 @@ def test_dense_diloco_with_host_state(tmp_path, assets):
     _assert_identical_after_syncs_only(run)
     assert "state on cpu (8 bytes/param)" in " ".join(run.rank_lines(0))  # global copy + momentum
     for rank in range(4):
-        n = sum(math.prod(s) for s in debugmodel_local_shapes(rank % 2)) + 1  # + the non-finite flag
+        n = sum(math.prod(s) for s in cpu_model_local_shapes(rank % 2)) + 1  # + the non-finite flag
         chunk = -(-n // 2)  # bf16 wire: all_to_all of the other half + all_gather of it back
         for step, (sent, received, *_t) in run.exchange(rank).items():
             if step % H == 0:
@@ -164,7 +164,7 @@ def test_the_sparseloco_preset_trains_with_identical_replicas_and_the_formulas_b
     2-bit values, plain outer SGD), shrunk only in size: the debug flavor, short sequences, two
     outer steps; 2 CPU processes = 2 replicas x 1 shard."""
     sync = 30
-    run = launch(CONFIGS / "gpu_2gpu_sparseloco.toml", tmp_path, "--model.flavor", "debugmodel",
+    run = launch(CONFIGS / "gpu_2gpu_sparseloco.toml", tmp_path, "--model.flavor", "debugmodel_2layer",
                  "--training.dataset", "flexdemo_stdlib", "--validation.dataset", "flexdemo_stdlib_validation",
                  "--training.seq_len", "64", "--training.local_batch_size", "2", "--training.steps", str(2 * sync),
                  "--validation.no_enable", "--checkpoint.no_enable", "--flexdemo.replica_check_interval", str(sync),

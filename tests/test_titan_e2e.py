@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from titan_launch import (CONFIGS, REPO, check_loss_falls, expected_payload_bytes, launch, load_dcp,
+from titan_launch import (CONFIGS, REPO, check_loss_falls, cpu_model_args, expected_payload_bytes, launch, load_dcp,
                           tensorboard_scalars, worker_pid)
 
 STEPS, CKPT_STEP = 20, 10
@@ -86,10 +86,10 @@ def test_demo_logged_bytes_match_formula(demo_run):
 
 
 def _meta_params():
-    from torchtitan.models.llama3 import llama3_args, Transformer
+    from torchtitan.models.llama3 import Transformer
 
     with torch.device("meta"):
-        return list(Transformer(llama3_args["debugmodel"]).parameters())
+        return list(Transformer(cpu_model_args()).parameters())
 
 
 def _assert_same_checkpoint(dump_a, dump_b, step):
@@ -256,28 +256,20 @@ def test_overlap_resume_is_bit_identical(tmp_path, assets, lookahead):
     assert resumed.digests()[(0, steps)] == full.digests()[(0, steps)]
 
 
-def test_the_shared_gpu_benchmark_harness_trains_the_same_run(demo_run, tmp_path, assets):
-    # benchmarks/shared_gpu.py (a job's replicas on one GPU over gloo, for results where one GPU is
-    # lent) runs the ranks as launch.sh does, with its own process group set up first: on CPU,
-    # where both use gloo, the same losses and replica digests bit for bit.
-    shared = launch(DEMO, tmp_path / "shared", *_demo_overrides(), assets=assets, timeout=RUN_TIMEOUT,
-                    launcher=[sys.executable, str(REPO / "benchmarks" / "shared_gpu.py")])
-    assert shared.returncode == 0, shared.output[-3000:]
-    assert "already initialized" in shared.output  # torchtitan kept the harness's process group
-    assert shared.losses(0) == demo_run.losses(0) and sorted(shared.losses(0)) == list(range(1, STEPS + 1))
-    assert shared.digests() == demo_run.digests() and (0, STEPS) in shared.digests()
-
-
-def test_elias_fano_indices_train_the_same_run_with_fewer_bytes(demo_run, tmp_path, assets):
-    # 2 replicas x 2 shards on CPU: index_coding = "elias_fano" against the shared run's fixed-width
-    # indices, the same losses and replica digests, fewer bytes in the exchange metrics.
+def test_the_shared_gpu_harness_and_elias_fano_indices_train_the_same_run(demo_run, tmp_path, assets):
+    # Two changes that must leave training bit for bit as it was, in one launch against the shared
+    # run (scripts/launch.sh, fixed-width indices): the ranks started by benchmarks/shared_gpu.py (a
+    # job's replicas on one GPU over gloo, for results where one GPU is lent; its own process group
+    # set up first, gloo on CPU as launch.sh's), and index_coding = "elias_fano". The same losses and
+    # replica digests; fewer bytes in the exchange metrics.
     fixed = demo_run
     ef = launch(DEMO, tmp_path / "ef", *_demo_overrides(), "--flexdemo.index_coding", "elias_fano", assets=assets,
-                timeout=RUN_TIMEOUT)
+                timeout=RUN_TIMEOUT, launcher=[sys.executable, str(REPO / "benchmarks" / "shared_gpu.py")])
     assert ef.returncode == 0, ef.output[-3000:]
+    assert "already initialized" in ef.output  # torchtitan kept the harness's process group
     assert "elias_fano indices" in ef.output
     assert ef.losses(0) == fixed.losses(0) and sorted(ef.losses(0)) == list(range(1, STEPS + 1))
-    assert ef.digests()[(0, STEPS)] == fixed.digests()[(0, STEPS)]
+    assert ef.digests() == fixed.digests() and (0, STEPS) in ef.digests()
     for rank in range(4):
         for step, (sent, received, _, _) in ef.exchange(rank).items():
             assert 0 < sent < fixed.exchange(rank)[step][0] and received < fixed.exchange(rank)[step][1]

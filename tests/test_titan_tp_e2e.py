@@ -92,7 +92,7 @@ def test_the_70b_node_plan_starts_on_cpu_with_a_tiny_flavor(tmp_path, assets):
     """train_configs/multinode_llama3_70b_flexdemo.toml as shipped (TP inside the node, one replica
     per node, no FSDP), shrunk only in size: the debug flavor, TP 2, short sequences, 3 steps."""
     config = CONFIGS / "multinode_llama3_70b_flexdemo.toml"
-    run = launch(config, tmp_path, "--model.flavor", "debugmodel", "--parallelism.tensor_parallel_degree", "2",
+    run = launch(config, tmp_path, "--model.flavor", "debugmodel_2layer", "--parallelism.tensor_parallel_degree", "2",
                  "--training.dataset", "flexdemo_stdlib", "--validation.dataset", "flexdemo_stdlib_validation",
                  "--training.seq_len", "128", "--validation.seq_len", "128", "--training.steps", "3",
                  "--validation.freq", "3", "--validation.steps", "1", "--checkpoint.no_enable",

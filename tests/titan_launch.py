@@ -135,13 +135,23 @@ def worker_pid(dump: Path, local_rank: int) -> int | None:
     return None
 
 
-def debugmodel_local_shapes(shard: int, shards: int = 2) -> list[tuple[int, ...]]:
-    """Local shapes of llama3 debugmodel's parameters on FSDP shard ``shard`` (dim 0, torch.chunk)."""
+def cpu_model_args():
+    """The llama3 model args of the CPU configs' flavor (train_configs/cpu_2x2_flexdemo.toml's)."""
+    import tomllib
+
+    from flexdemo.titan.spec import family_spec
+
+    flavor = tomllib.loads((CONFIGS / "cpu_2x2_flexdemo.toml").read_text())["model"]["flavor"]
+    return family_spec("llama3").model_args[flavor]
+
+
+def cpu_model_local_shapes(shard: int, shards: int = 2) -> list[tuple[int, ...]]:
+    """Local shapes of the CPU configs' model's parameters on FSDP shard ``shard`` (dim 0, torch.chunk)."""
     import torch
-    from torchtitan.models.llama3 import Transformer, llama3_args
+    from torchtitan.models.llama3 import Transformer
 
     with torch.device("meta"):
-        model = Transformer(llama3_args["debugmodel"])
+        model = Transformer(cpu_model_args())
     out = []
     for p in model.parameters():
         rows = -(-p.shape[0] // shards)
@@ -152,11 +162,11 @@ def debugmodel_local_shapes(shard: int, shards: int = 2) -> list[tuple[int, ...]
 
 def expected_payload_bytes(shard: int, encoding: str = "sign", shards: int = 2, chunk: int = 64,
                            topk: int = 32) -> int:
-    """The payload of this rank's FSDP shard of the debug model, from the wire format written out
+    """The payload of this rank's FSDP shard of the CPU configs' model, from the wire format written out
     independently (reference_demo.reference_payload_nbytes)."""
     from reference_demo import reference_payload_nbytes
 
-    return reference_payload_nbytes(list(debugmodel_local_shapes(shard, shards)), topk, chunk, encoding)
+    return reference_payload_nbytes(list(cpu_model_local_shapes(shard, shards)), topk, chunk, encoding)
 
 
 def load_dcp(path: Path) -> dict:

@@ -120,6 +120,18 @@ def main(argv: list[str] | None = None) -> None:
               "--job.config_file", config, *assets, *overrides])
 
 
+def exit_without_teardown() -> None:
+    """The end of a command that went well (a failure raises and exits as usual): skips the
+    interpreter's teardown of torch and torchtitan, ~1.8 s of every launch on a 2-core CPU, with
+    nothing left to do but flush what this process logged."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def preflight_main(argv: list[str] | None = None) -> None:
     """``python -m flexdemo.titan.preflight CONFIG.toml [overrides]``: :func:`plan` alone, its
     result as shell assignments (FD_NGPU, FD_NPROC, FD_ASSETS), for scripts that launch otherwise."""
@@ -135,3 +147,4 @@ def preflight_main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()
