@@ -145,20 +145,29 @@ def test_the_readme_table_is_the_planners():
     assert readme.current((REPO / "README.md").read_text()) == readme.table(REPO)
 
 
-def test_the_sparseloco_loss_cost_is_the_long_runs_data():
-    """The planner's cited cost of SparseLoCo's preset is recomputed from the results page's runs.csv
-    (final held-out losses, the preset against AdamW on seed 1234), and its settings are the preset's."""
+def test_the_long_runs_loss_costs_are_their_data():
+    """Every cited cost that names its runs is recomputed from that folder's runs.csv (final held-out
+    losses, the run against AdamW on the same seed), and SparseLoCo's settings are its preset's."""
     import csv
 
     from flexdemo.plan.evidence import LOSS_COSTS
 
-    final = {}
-    with open(REPO / "docs" / "results" / "long_small_shared_h200" / "runs.csv") as f:
-        for r in csv.DictReader(f):
-            if r["val_loss"]:
-                final[r["run"]] = float(r["val_loss"])  # rows are in step order: the last one stays
-    cost = next(c for c in LOSS_COSTS if "results.md 10" in c.where)
-    assert cost.vs_adamw == (round(final["sparseloco_s1234"] / final["adamw_s1234"] - 1, 3),)
+    def final(folder):
+        out = {}
+        with open(REPO / "docs" / "results" / folder / "runs.csv") as f:
+            for r in csv.DictReader(f):
+                if r["val_loss"]:
+                    out[r["run"]] = float(r["val_loss"])  # rows are in step order: the last one stays
+        return out
+
+    cited = [c for c in LOSS_COSTS if c.runs]
+    assert len(cited) >= 2
+    for cost in cited:
+        *seeds, adamw = [run.split("/") for run in cost.runs]
+        got = tuple(round(final(folder)[run] / final(adamw[0])[adamw[1]] - 1, 3) for folder, run in seeds)
+        assert cost.vs_adamw == got, cost
     preset = tomllib.loads((CONFIGS / "gpu_2gpu_sparseloco.toml").read_text())["flexdemo"]
-    assert {k: preset[k] for k in cost.settings if k in preset} == {k: v for k, v in cost.settings.items() if k in preset}
-    assert set(cost.settings) - set(preset) <= {"exchange"}
+    for cost in cited:
+        assert {k: preset[k] for k in cost.settings if k in preset and k != "outer_lr"} == \
+            {k: v for k, v in cost.settings.items() if k in preset and k != "outer_lr"}
+        assert set(cost.settings) - set(preset) <= {"exchange"}
