@@ -1,6 +1,7 @@
 """The planner (python -m flexdemo.plan): bytes against the wire format written out independently,
 predictions against the shaped-link runs on the results page, the README's table, bad input."""
 
+import functools
 import sys
 import tomllib
 
@@ -152,6 +153,7 @@ def test_the_long_runs_loss_costs_are_their_data():
 
     from flexdemo.plan.evidence import LOSS_COSTS
 
+    @functools.cache
     def final(folder):
         out = {}
         with open(REPO / "docs" / "results" / folder / "runs.csv") as f:
@@ -166,8 +168,12 @@ def test_the_long_runs_loss_costs_are_their_data():
         *seeds, adamw = [run.split("/") for run in cost.runs]
         got = tuple(round(final(folder)[run] / final(adamw[0])[adamw[1]] - 1, 3) for folder, run in seeds)
         assert cost.vs_adamw == got, cost
+    # SparseLoCo's preset as shipped (run sparseloco_*), or with the one flag its run names
+    # (sparseloco_olr2_*: --flexdemo.outer_lr 2.0, docs/results/long_small_shared_h200/meta.json)
     preset = tomllib.loads((CONFIGS / "gpu_2gpu_sparseloco.toml").read_text())["flexdemo"]
+    flags = {"sparseloco": {}, "sparseloco_olr2": {"outer_lr": 2.0}}
     for cost in cited:
-        assert {k: preset[k] for k in cost.settings if k in preset and k != "outer_lr"} == \
-            {k: v for k, v in cost.settings.items() if k in preset and k != "outer_lr"}
+        run = cost.runs[0].split("/")[1].rsplit("_s", 1)[0]
+        assert {k: v for k, v in cost.settings.items() if k in preset} == \
+            {k: {**preset, **flags[run]}[k] for k in cost.settings if k in preset}, cost
         assert set(cost.settings) - set(preset) <= {"exchange"}

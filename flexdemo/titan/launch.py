@@ -118,21 +118,19 @@ def main(argv: list[str] | None = None) -> None:
 
     torchrun([*torchrun_flags, "--nproc_per_node", str(p.nproc), *rank,
               "--job.config_file", config, *assets, *overrides])
+    exit_after_success(cpu)
 
 
-def exit_without_teardown() -> None:
-    """The end of a command that went well (a failure raises and exits as usual): skips the
-    interpreter's teardown of torch and torchtitan, ~1.8 s of every launch on a 2-core CPU, with
-    nothing left to do but flush what this process logged."""
-    import logging
+def exit_after_success(cpu: bool) -> None:
+    """After success on CPU, skip the interpreter's teardown of torch and torchtitan (~1.8 s of
+    every launch on 2 cores) as a finished CPU rank does; a failure raises and exits as usual."""
+    if cpu:
+        from . import cpu_shim
 
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        cpu_shim.exit_without_teardown(0)
 
 
-def preflight_main(argv: list[str] | None = None) -> None:
+def preflight_main(argv: list[str] | None = None) -> LaunchPlan:
     """``python -m flexdemo.titan.preflight CONFIG.toml [overrides]``: :func:`plan` alone, its
     result as shell assignments (FD_NGPU, FD_NPROC, FD_ASSETS), for scripts that launch otherwise."""
     argv = sys.argv[1:] if argv is None else argv
@@ -143,8 +141,8 @@ def preflight_main(argv: list[str] | None = None) -> None:
     print(f"FD_NGPU={p.ngpu}")
     print(f"FD_NPROC={p.nproc}")
     print(f"FD_ASSETS={shlex.quote(p.assets)}")
+    return p
 
 
 if __name__ == "__main__":
     main()
-    exit_without_teardown()
