@@ -163,10 +163,11 @@ def test_the_long_runs_loss_costs_are_their_data():
         return out
 
     cited = [c for c in LOSS_COSTS if c.runs]
-    assert len(cited) >= 2
+    assert len(cited) >= 2 and all(len(c.runs) == len(c.vs_adamw) for c in cited)
     for cost in cited:
-        *seeds, adamw = [run.split("/") for run in cost.runs]
-        got = tuple(round(final(folder)[run] / final(adamw[0])[adamw[1]] - 1, 3) for folder, run in seeds)
+        runs = [run.split("/") for run in cost.runs]
+        got = tuple(round(final(folder)[run] / final(folder)["adamw_s" + run.rsplit("_s", 1)[1]] - 1, 3)
+                    for folder, run in runs)
         assert cost.vs_adamw == got, cost
     # SparseLoCo's preset as shipped (run sparseloco_*), or with the one flag its run names
     # (sparseloco_olr2_*: --flexdemo.outer_lr 2.0, docs/results/long_small_shared_h200/meta.json)
