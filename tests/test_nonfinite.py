@@ -133,6 +133,32 @@ def test_one_bad_shard_skips_the_step_for_every_shard_and_replica():
         assert unchanged
 
 
+def _sharded_and_tp(rank, world):
+    # 2 replicas of FSDP 2 x TP 2: a replica's shards span a 2-D mesh, rows and columns
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("replicate", "fsdp", "tp"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128))
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["fsdp"])
+    model.set_force_sum_reduction_for_comms(True)
+    opt = DeMo(model.parameters(), lr=LR, replicate_group=mesh["replicate"].get_group())
+    model(torch.randn(4, 64, generator=torch.Generator().manual_seed(rank // 4))).square().mean().backward()
+    if rank == 1:  # replica 0, FSDP shard 0, TP rank 1 only: neither its row nor its column shares it
+        model[2].weight.grad.to_local()[0, 0] = float("nan")
+    before = [p.to_local().clone() for p in model.parameters()]
+    opt.step()
+    unchanged = all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before))
+    return opt.last_step_skipped_by, unchanged
+
+
+def test_one_bad_shard_of_an_fsdp_by_tp_replica_skips_the_step_everywhere():
+    for skipped_by, unchanged in run_ranks(_sharded_and_tp, 8):
+        assert skipped_by == [0]
+        assert unchanged
+
+
 def _diloco(rank, world, compression, encoding):
     from flexdemo.optim.diloco import DiLoCo
 
@@ -184,5 +210,5 @@ def test_the_local_check_finds_any_nonfinite_value_and_no_large_finite_one(bad):
     tensors = [torch.full((4, 3), 3e38), torch.zeros(0), torch.randn(5, 7).bfloat16(), torch.randn(9)]
     if bad is not None:
         tensors[2][4, 6] = bad
-    assert any_nonfinite(tensors, None, torch.device("cpu")) == (bad is not None)
-    assert not any_nonfinite([], None, torch.device("cpu"))
+    assert any_nonfinite(tensors, (), torch.device("cpu")) == (bad is not None)
+    assert not any_nonfinite([], (), torch.device("cpu"))

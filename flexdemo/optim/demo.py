@@ -43,7 +43,7 @@ from flexdemo.compression.exchange import (
     NonFiniteError,
     check_replicate_group,
     nonfinite_flags,
-    shard_group_of,
+    shard_groups_of,
 )
 from flexdemo.local import local_grad
 from flexdemo.local import local_tensor as _local
@@ -144,7 +144,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         if overlap and not self.replicate_group.membership_fixed:
             raise ValueError("DeMo: overlap leaves an exchange in flight across steps, and an elastic replica "
                              "group may change between them; turn overlap off with fault tolerance")
-        self._shard_group = shard_group_of(self._trainable())
+        self._shard_groups = shard_groups_of(self._trainable())
         self.compressor = self._build_compressor()
 
     def _trainable(self):
@@ -251,7 +251,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         it. Which local gradients were non-finite is kept on the device too, for the message of
         ``nonfinite="stop"`` (:meth:`_finish`)."""
         with_grad = [(i, p) for i, p in enumerate(self._trainable()) if p.grad is not None]
-        each, bad = nonfinite_flags([local_grad(p) for _, p in with_grad], self._shard_group,
+        each, bad = nonfinite_flags([local_grad(p) for _, p in with_grad], self._shard_groups,
                                     self.compressor.device)
         self._bad_here = (each, with_grad)
         return bad.reshape(1)

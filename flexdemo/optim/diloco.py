@@ -73,7 +73,7 @@ from flexdemo.compression.exchange import (
     check_replicate_group,
     distributed,
     nonfinite_flags,
-    shard_group_of,
+    shard_groups_of,
 )
 from flexdemo.local import local_tensor
 from flexdemo.replica_group import replica_group
@@ -148,7 +148,7 @@ class DiLoCo:
         self.inner_optimizers: list[torch.optim.Optimizer] | None = None
         if inner_optimizers is not None:
             self.set_inner_optimizers(inner_optimizers)
-        self._shard_group = shard_group_of([p for _, p in named])
+        self._shard_groups = shard_groups_of([p for _, p in named])
         check_replicate_group([p for _, p in named], self.replicate_group, who="DiLoCo")
 
         self.entries = [new_entry(n, p, self.offload, self.outer_momentum > 0, compression == "topk")
@@ -227,7 +227,7 @@ class DiLoCo:
         locals_ = [local_tensor(e.param) for e in self.entries]
         device = locals_[0].device if locals_ else torch.device("cpu")
         timer = ExchangeTimer(device)
-        each, bad = nonfinite_flags(locals_, self._shard_group, device)
+        each, bad = nonfinite_flags(locals_, self._shard_groups, device)
         bad = bool(bad.item())
         if self.compression == "topk":
             self.last_traffic, skip = self._sync_topk(bad)
@@ -253,7 +253,7 @@ class DiLoCo:
     def _discard_cycle(self, bad: bool, each: torch.Tensor) -> None:
         """Every replica alike (the skip is agreed): back to the global copy with a fresh inner
         optimizer state, or (``nonfinite="stop"``) raise."""
-        self.last_skipped_by = replicas_that_saw_it([e.name for e in self.entries], each, bad, self._shard_group,
+        self.last_skipped_by = replicas_that_saw_it([e.name for e in self.entries], each, bad, self._shard_groups,
                                                     self.replicate_group)
         if self.nonfinite == "stop":
             raise NonFiniteError(

@@ -54,14 +54,15 @@ def describe_nonfinite(who: dict[int, list[str]]) -> str:
     return "; ".join(parts) or "no replica"
 
 
-def replicas_that_saw_it(names: list[str], each: torch.Tensor, bad: bool, shard_group,
+def replicas_that_saw_it(names: list[str], each: torch.Tensor, bad: bool, shard_groups,
                          replicate_group) -> dict[int, list[str]]:
     """Replica -> the parameters (of ``names``, flagged in ``each``) that were non-finite there (on
     any of its shards), the same on every rank: the exchange's flags say only that some replica was."""
     mine = [name for name, flagged in zip(names, each.tolist()) if flagged]
-    if distributed() and shard_group is not None:
+    if distributed():
         order = {name: i for i, name in enumerate(names)}
-        mine = sorted({n for theirs in _gather_objects(mine, shard_group) for n in theirs}, key=order.get)
+        for group in shard_groups:  # a union per mesh dimension: every shard's names
+            mine = sorted({n for theirs in _gather_objects(mine, group) for n in theirs}, key=order.get)
     # (a torchft group has no object collective: there each replica reports only itself)
     flagged = replicate_group.gather_objects((bad, mine))
     return {replica: report[1] for replica, report in enumerate(flagged) if report is not None and report[0]}
