@@ -24,11 +24,13 @@ _CHUNK = 1 << 22  # elements hashed at a time, to bound the temporary memory
 class ReplicaMismatchError(RuntimeError):
     """Replicas that must be bit-identical are not."""
 
-    def __init__(self, name: str, ranks: list[int], unit: str = "ranks"):
-        self.name = name
+    def __init__(self, name: str | None, ranks: list[int], unit: str = "ranks"):
+        self.name = name  # None: on a rank whose own replicate group agrees (another one differs)
         self.ranks = ranks
-        where = f"between {unit} {ranks}" if ranks else "in another replicate group"
-        super().__init__(f"replicas diverged: parameter {name!r} differs {where}; stopping")
+        if name is None:
+            super().__init__("replicas diverged in another replicate group; stopping")
+            return
+        super().__init__(f"replicas diverged: parameter {name!r} differs between {unit} {ranks}; stopping")
 
 
 def tensor_hash(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
@@ -86,18 +88,21 @@ def check_replicas_identical(
     gathered = torch.empty(group.size(), len(named), dtype=torch.int64, device=device)
     group.all_gather(gathered, hashes, what="the replica check")
     differs = (gathered != gathered[0]).any(0)
-    first_bad = int(differs.nonzero()[0]) if bool(differs.any()) else len(named)
+    mine_differ = bool(differs.any())
 
-    # Agree world-wide on the first bad index, so all ranks raise together.
-    verdict = torch.tensor([first_bad], dtype=torch.int64, device=device)
-    dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=world_group)
-    first_bad = int(verdict.item())
-    if first_bad < len(named):
-        # World ranks over a fixed group; over an elastic one (its members are other jobs) the
-        # members' places in this step's quorum.
-        ranks, unit = group.global_ranks(), "ranks"
-        if len(ranks) != group.size():
-            ranks, unit = list(range(group.size())), "replicas of this step's quorum"
-        bad = [ranks[r] for r in range(len(ranks)) if gathered[r, first_bad] != gathered[0, first_bad]]
-        raise ReplicaMismatchError(named[first_bad][0], [ranks[0]] + bad if bad else [], unit)
-    return hashes
+    # Agree world-wide, so all ranks raise together (ranks may hold different tensors, e.g. TP
+    # ranks that do not own the replicated ones: each names only a mismatch of its own group).
+    verdict = torch.tensor([int(mine_differ)], dtype=torch.int64, device=device)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MAX, group=world_group)
+    if not int(verdict.item()):
+        return hashes
+    if not mine_differ:
+        raise ReplicaMismatchError(None, [])
+    first_bad = int(differs.nonzero()[0])
+    # World ranks over a fixed group; over an elastic one (its members are other jobs) the
+    # members' places in this step's quorum.
+    ranks, unit = group.global_ranks(), "ranks"
+    if len(ranks) != group.size():
+        ranks, unit = list(range(group.size())), "replicas of this step's quorum"
+    bad = [ranks[r] for r in range(len(ranks)) if gathered[r, first_bad] != gathered[0, first_bad]]
+    raise ReplicaMismatchError(named[first_bad][0], [ranks[0]] + bad, unit)

@@ -86,7 +86,8 @@ def test_a_sharded_tensor_lands_in_ragged_buckets_on_the_torch_path():
 
 
 # torchtitan's llama3 TP plan: column-wise (dim 0) and row-wise (dim 1) linears, the embedding's
-# rows; the norms are replicated, so every TP rank sends their blocks.
+# rows; the norms are replicated, and one TP rank of a replica sends their blocks
+# (flexdemo.compression.tp_replicated; tests/test_tp_replicated.py measures it).
 _TP_DIM = {"tok_embeddings": 0, "wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "output": 0, "wo": 1, "w2": 1}
 
 
@@ -100,7 +101,7 @@ def _replica_bytes(flavor: str, tp: int, fsdp: int) -> int:
     total = 0
     for name, p in named:
         dim = _TP_DIM.get(name.split(".")[-2])
-        tp_parts = p.chunk(tp, dim) if dim is not None else [p] * tp
+        tp_parts = p.chunk(tp, dim) if dim is not None else [p]
         total += sum(payload_nbytes(block_layout(s.shape, 64), 32, "sign")
                      for part in tp_parts for s in part.chunk(fsdp, 0))
     return total

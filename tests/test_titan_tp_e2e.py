@@ -49,10 +49,13 @@ def test_demo_with_tensor_parallelism_trains_and_keeps_replicas_identical(demo_t
     assert sorted(losses) == list(range(1, STEPS + 1)), losses
     check_loss_falls("demo, TP 2", losses, 0.2)
     _replicas_identical(demo_tp_run, (CKPT_STEP, STEPS))
-    # Each TP rank sends its own shard's payload, every step.
+    # Each TP rank sends its own shard's payload, every step; the norms (TP-replicated) only TP
+    # rank 0 sends, so TP rank 1 sends less, and a TP position sends alike in both replicas.
+    sent = {rank: [x[0] for s, x in sorted(demo_tp_run.exchange(rank).items())] for rank in range(4)}
     for rank in range(4):
-        sent = [x[0] for s, x in sorted(demo_tp_run.exchange(rank).items())]
-        assert len(sent) == STEPS and min(sent) > 0, (rank, sent)
+        assert len(sent[rank]) == STEPS and min(sent[rank]) > 0, (rank, sent[rank])
+    assert sent[0] == sent[2] and sent[1] == sent[3], sent
+    assert all(a > b for a, b in zip(sent[0], sent[1])), sent
 
 
 @pytest.mark.parametrize("mode", ["diloco", "demo_diloco"])

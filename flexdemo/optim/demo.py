@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from flexdemo.compression.compressor import EXCHANGES, HostFlags, StartedExchange, TopkCompressor
+from flexdemo.compression.tp_replicated import TPReplicated
 from flexdemo.compression.exchange import (
     NonFiniteError,
     check_replicate_group,
@@ -48,7 +49,7 @@ from flexdemo.compression.exchange import (
 from flexdemo.local import local_grad
 from flexdemo.local import local_tensor as _local
 from flexdemo.replica_group import ReplicaGroup, replica_group
-from flexdemo.optim.lookahead import LookaheadMixin
+from flexdemo.optim.lookahead import BASE_KEY, LookaheadMixin
 from flexdemo.optim.momentum_storage import MomentumStorage
 from flexdemo.optim.overlap import OverlapMixin
 from flexdemo.wire.format import check_encoding
@@ -150,11 +151,17 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
     def _trainable(self):
         return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
 
+    def _exchanged(self):
+        """The trainable parameters this rank compresses and keeps momentum for: all but those TP
+        replicates and another TP rank owns (:mod:`flexdemo.compression.tp_replicated`)."""
+        return [p for p in self._trainable() if self._tp.exchanged(p)]
+
     def _build_compressor(self) -> TopkCompressor:
         # Local shapes never change, so the plan is built once (and again if groups are added).
-        self.momentum.bind(self._trainable())
+        self._tp = TPReplicated(self._trainable())
+        self.momentum.bind(self._trainable())  # places among all of them: the rounding seeds
         return TopkCompressor(
-            [[p for p in g["params"] if p.requires_grad] for g in self.param_groups],
+            [[p for p in g["params"] if p.requires_grad and self._tp.exchanged(p)] for g in self.param_groups],
             [g["compression_chunk"] for g in self.param_groups],
             [g["compression_topk"] for g in self.param_groups],
             self.value_encoding,
@@ -211,19 +218,22 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         scales = self._weight_decay_scales()
         if self.overlap:
             self._decay_weights(scales)
-        bad = self._nonfinite_here()
+        # Every local gradient once, in one order on every rank: laying one out like its parameter
+        # may be a collective over the replica's shards (a TP-Partial gradient).
+        local_grads = {id(p): local_grad(p) for p in self._trainable()}
+        bad = self._nonfinite_here(local_grads)
 
         payloads, sent = [], []
         for b in comp.buckets:
             # A missing grad counts as zero (every replica must pack the same layout), and so
             # does every grad of a replica that saw a non-finite one (bad, read on the device).
-            grads = [local_grad(m.param) for m in b.members]
+            grads = [local_grads[id(m.param)] for m in b.members]
             group = self.param_groups[b.group_index]
             idx, vals = self.momentum.select(comp, b, self.state, grads, scale=group["lr"],
                                              decay=group["compression_decay"], skip_incs=bad)
             sent.append((idx, vals))
             payloads.append(comp.pack(b, idx, vals))
-        self.momentum.count_step(self.state, self._trainable())
+        self.momentum.count_step(self.state, self._exchanged())
         lrs = [g["lr"] for g in self.param_groups]
         flag = bad.to(torch.uint8)
         if self.overlap:
@@ -237,21 +247,31 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
                 self._finish(gathered, lrs, sent, scales)
             else:  # elastic: this exchange failed here (a replica was lost mid-way); not applied
                 self._give_back(sent)
+        self._mirror_replicated()
         self._steps_done += 1
         return loss
+
+    def _mirror_replicated(self) -> None:
+        """TP ranks that do not own a replicated parameter take its owner's values (and, with the
+        look-ahead, its base), once everything this step applies to them is applied."""
+        if not self._tp.params:
+            return
+        if self.lookahead:
+            self._lookahead_bases()  # made alike on every TP rank, so the broadcasts match
+        self._tp.mirror([self.state[p][BASE_KEY] for p in self._tp.params] if self.lookahead else [])
 
     def _give_back(self, sent) -> None:
         """A step nobody applied: what this replica sent goes back into its momentum."""
         for b, (idx, vals) in zip(self.compressor.buckets, sent):
             self.momentum.restore(self.compressor, b, self.state, idx, vals)
 
-    def _nonfinite_here(self) -> torch.Tensor:
+    def _nonfinite_here(self, local_grads: dict[int, torch.Tensor | None]) -> torch.Tensor:
         """Whether any local gradient of this replica is non-finite (agreed over its shards), as a
         one-element fp32 tensor on the device: no host sync before the encode, whose kernels read
         it. Which local gradients were non-finite is kept on the device too, for the message of
         ``nonfinite="stop"`` (:meth:`_finish`)."""
         with_grad = [(i, p) for i, p in enumerate(self._trainable()) if p.grad is not None]
-        each, bad = nonfinite_flags([local_grad(p) for _, p in with_grad], self._shard_groups,
+        each, bad = nonfinite_flags([local_grads[id(p)] for _, p in with_grad], self._shard_groups,
                                     self.compressor.device)
         self._bad_here = (each, with_grad)
         return bad.reshape(1)
@@ -326,6 +346,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         self.momentum.after_load(self.state, self._trainable())
         self._restore_lookahead()
+        self._mirror_replicated()
 
     def _apply(self, gathered: torch.Tensor, lrs: list[float], scales: list[float] | None,
                keep: torch.Tensor | None = None, sent=None) -> None:
@@ -347,7 +368,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
                 self.momentum.restore(comp, b, self.state, sent[i][0], dropped if keep is None else dropped * keep)
 
     def _create_state(self) -> None:
-        for p in self._trainable():
+        for p in self._exchanged():
             self._delta(p)  # also for empty shards (no payload)
         if self.lookahead:
             self._lookahead_bases()

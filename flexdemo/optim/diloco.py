@@ -66,6 +66,7 @@ import torch
 
 from flexdemo.compression.agreement import check_settings_agree, dense_settings, diloco_settings
 from flexdemo.compression.compressor import TopkCompressor
+from flexdemo.compression.tp_replicated import TPReplicated
 from flexdemo.compression.exchange import (
     ExchangeTimer,
     NonFiniteError,
@@ -150,9 +151,11 @@ class DiLoCo:
             self.set_inner_optimizers(inner_optimizers)
         self._shard_groups = shard_groups_of([p for _, p in named])
         check_replicate_group([p for _, p in named], self.replicate_group, who="DiLoCo")
+        # a parameter TP replicates is synced by its owner TP rank; the others mirror it
+        self._tp = TPReplicated([p for _, p in named])
 
         self.entries = [new_entry(n, p, self.offload, self.outer_momentum > 0, compression == "topk")
-                        for n, p in named]
+                        for n, p in named if self._tp.exchanged(p)]
         self.outer_optimizer = OuterSGD(self.entries, self.outer_lr, self.outer_momentum, nesterov, self.offload)
         self.inner_steps = 0  # inner steps since the last sync (the position in the H-step cycle)
         self.outer_steps = 0
@@ -241,6 +244,7 @@ class DiLoCo:
         else:
             self.last_skipped_by = {}
             self.skips.applied()
+        self._tp.mirror()
         self.last_sync_committed = skip is not None
         if self.offload and self.entries and local_tensor(self.entries[0].param).is_cuda:
             torch.cuda.current_stream().synchronize()  # host copies complete before anyone reads them
@@ -376,6 +380,7 @@ class DiLoCo:
             raise KeyError(f"DiLoCo state missing from the checkpoint: {missing[:3]}{'...' if len(missing) > 3 else ''}")
         self.inner_steps, self.outer_steps = (int(x) for x in sd[f"{prefix}cycle"].tolist())
         load_entries(self.entries, sd, prefix, replica_prefix)
+        self._tp.mirror()  # this replica's own local values, from their owner
         self.has_global = True
 
     def heal_state(self) -> dict:
@@ -388,6 +393,7 @@ class DiLoCo:
         """From a live peer at a cycle's start: its global copy and momentum; a new cycle."""
         if sd["tensors"] is not None:
             load_shared_copies(self.entries, sd["tensors"])
+        self._tp.mirror()
         self.outer_steps, self.inner_steps, self.has_global = sd["outer_steps"], 0, sd["tensors"] is not None
 
     def state_dict_keys(self, prefix: str, replica_prefix: str) -> list[str]:

@@ -1,0 +1,71 @@
+"""Parameters that tensor parallelism replicates inside a replica (torchtitan's TP plans: the 1-D
+norm weights) cross the slow link once per replica, not once per TP rank.
+
+Every TP rank holds the same bits of such a parameter, so one of them, the *owner* (coordinate 0
+on each mesh dimension that replicates it), compresses and exchanges it as any other; the
+others leave it out of their exchange and, after each update, take the owner's values over the
+replica's own fast link (:meth:`TPReplicated.mirror`, one broadcast of them all per mesh
+dimension). The optimizer state of such a parameter lives on its owner only: a checkpoint holds
+the owner's (DCP saves what some rank has and loads what each rank asks for), so it resumes on
+any TP degree.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Replicate
+
+from flexdemo.local import local_tensor
+
+
+def replicated_dims(p: torch.Tensor) -> tuple[int, ...]:
+    """The mesh dimensions (of size > 1) over which the DTensor ``p`` is replicated; () otherwise."""
+    if not isinstance(p, DTensor):
+        return ()
+    return tuple(d for d, pl in enumerate(p.placements) if isinstance(pl, Replicate) and p.device_mesh.size(d) > 1)
+
+
+class TPReplicated:
+    """The parameters (of ``params``) replicated over mesh dimensions inside the replica, and
+    whether this rank owns them. All share one mesh (checked by ``check_replicate_group``)."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = [p for p in params if replicated_dims(p)]
+        self.owner, self._groups, self._dims = True, [], ()
+        if not self.params or not dist.is_initialized():
+            return
+        dims = {replicated_dims(p) for p in self.params}
+        if len(dims) > 1:
+            raise ValueError(f"parameters replicated over different mesh dimensions {sorted(dims)}: "
+                             "one set is supported (torchtitan's TP plans replicate over tp only)")
+        self._dims = dims.pop()
+        mesh = self.params[0].device_mesh
+        coordinate = mesh.get_coordinate()
+        self.owner = all(coordinate[d] == 0 for d in self._dims)
+        self._groups = [mesh.get_group(d) for d in self._dims]
+
+    def exchanged(self, p: torch.Tensor) -> bool:
+        """Whether this rank exchanges (and keeps optimizer state for) ``p``."""
+        return self.owner or not any(p is q for q in self.params)
+
+    def mirror(self, extra: list[torch.Tensor] = ()) -> None:
+        """Every TP rank := the owner's values of the replicated parameters (and of ``extra``,
+        tensors laid out like them, e.g. a look-ahead's base), in place: one coalesced
+        broadcast per replicating mesh dimension, from its coordinate 0 (after the first, the
+        ranks at coordinate 0 of the next hold the owner's values)."""
+        if not self._groups:
+            return
+        tensors = [local_tensor(p.detach()) for p in self.params] + [local_tensor(t) for t in extra]
+        if any(t.dtype not in (torch.float32, torch.bfloat16, torch.float16) for t in tensors):
+            raise TypeError("TPReplicated.mirror: float32, bfloat16 or float16 tensors only (exact in fp32)")
+        flat = torch.cat([t.reshape(-1).float() for t in tensors])
+        for group in self._groups:
+            dist.broadcast(flat, group=group, group_src=0)
+        if self.owner:
+            return
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
