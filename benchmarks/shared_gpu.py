@@ -8,7 +8,9 @@ model on cuda:0 and joins a **gloo** process group before torchtitan starts (tor
 ``init_distributed`` keeps a group that is already up); gloo moves CUDA tensors through host
 memory. The rank code is flexdemo's own (flexdemo.titan.entry.run): the same config check,
 trainer and exchange; only the transport differs. Losses and byte counters compare with NCCL
-runs (up to the summation order); tokens/s do not: the replicas take turns on one GPU. On a
+runs (up to the summation order); tokens/s do not: the replicas take turns on one GPU. On a GPU, one
+rank per replica only (NPROC = the replicate degree): gloo on CUDA has no PREMUL_SUM for FSDP2's
+gradient reduce, and a TP 2 run crashed in it (torch 2.11, H200). On a
 machine without a GPU the same path runs on CPU, bit for bit the run scripts/launch.sh starts
 (tests/test_titan_e2e.py).
 """
