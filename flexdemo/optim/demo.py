@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from flexdemo.compression.compressor import EXCHANGES, HostFlags, StartedExchange, TopkCompressor
+from flexdemo.compression.compressor import HostFlags, StartedExchange, TopkCompressor
 from flexdemo.compression.tp_replicated import TPReplicated
 from flexdemo.compression.exchange import (
     NonFiniteError,
@@ -49,13 +49,10 @@ from flexdemo.compression.exchange import (
 from flexdemo.local import local_grad
 from flexdemo.local import local_tensor as _local
 from flexdemo.replica_group import ReplicaGroup, replica_group
+from flexdemo.optim.demo_args import check_args, check_hparams
 from flexdemo.optim.lookahead import BASE_KEY, LookaheadMixin
 from flexdemo.optim.momentum_storage import MomentumStorage
 from flexdemo.optim.overlap import OverlapMixin
-from flexdemo.wire.format import check_encoding
-
-
-NONFINITE_ACTIONS = ("skip", "stop")
 
 
 class NonFiniteGradientError(NonFiniteError):
@@ -85,23 +82,8 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         index_coding: str = "fixed",
         momentum_dtype: str = "float32",
     ):
-        _check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
-        if not isinstance(lookahead, bool):
-            raise ValueError(f"DeMo: lookahead must be True or False, got {lookahead!r}")
-        if lookahead and not overlap:
-            raise ValueError("DeMo: lookahead needs overlap=True (it stands in for the update still in flight)")
-        check_encoding(value_encoding)
-        if exchange not in EXCHANGES:
-            raise ValueError(f"DeMo: exchange must be one of {EXCHANGES}, got {exchange!r}")
-        if overlap and exchange == "sharded":
-            raise ValueError("DeMo: overlap needs exchange=\"allgather\" (the sharded exchange's two collectives, "
-                             "with the owners' work between them, cannot be left in flight)")
-        if not isinstance(fused, bool):
-            raise ValueError(f"DeMo: fused must be True or False, got {fused!r}")
-        if not isinstance(overlap, bool):
-            raise ValueError(f"DeMo: overlap must be True or False, got {overlap!r}")
-        if nonfinite not in NONFINITE_ACTIONS:
-            raise ValueError(f"DeMo: nonfinite must be one of {NONFINITE_ACTIONS}, got {nonfinite!r}")
+        check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
+        check_args(lookahead, overlap, value_encoding, exchange, fused, nonfinite)
         self.nonfinite = nonfinite
         # bf16: 2 bytes per parameter, widened to fp32 for each step's arithmetic and stochastically
         # rounded back (flexdemo.optim.momentum_storage).
@@ -135,7 +117,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
         for group in self.param_groups:
-            _check_hparams(
+            check_hparams(
                 group["lr"], group["compression_decay"], group["compression_topk"],
                 group["compression_chunk"], group["weight_decay"],
             )
@@ -405,15 +387,3 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         """Bytes this rank contributes to each step's exchange (the codec's formula)."""
         return self.compressor.nbytes
 
-
-def _check_hparams(lr, decay, topk, chunk, weight_decay) -> None:
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"DeMo: lr must be a positive number, got {lr!r}")
-    if not (isinstance(decay, (int, float)) and 0.0 <= decay < 1.0):
-        raise ValueError(f"DeMo: compression_decay must be in [0, 1), got {decay!r}")
-    if not (isinstance(topk, int) and not isinstance(topk, bool) and topk > 0):
-        raise ValueError(f"DeMo: compression_topk must be a positive int, got {topk!r}")
-    if not (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0):
-        raise ValueError(f"DeMo: compression_chunk must be a positive int, got {chunk!r}")
-    if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
-        raise ValueError(f"DeMo: weight_decay must be >= 0, got {weight_decay!r}")

@@ -79,8 +79,9 @@ from flexdemo.compression.exchange import (
 from flexdemo.local import local_tensor
 from flexdemo.replica_group import replica_group
 from flexdemo.optim.diloco_args import WIRE_DTYPES, Compression, StateDevice, check_args
-from flexdemo.optim.diloco_dense import DENSE_BUCKET_ELEMENTS, dense_outer_exchange
+from flexdemo.optim.diloco_dense import dense_outer_exchange
 from flexdemo.optim.diloco_outer import OuterSGD
+from flexdemo.optim.diloco_topk import topk_outer_exchange
 from flexdemo.optim.diloco_state import (
     Entry,
     entries_state_dict,
@@ -293,52 +294,10 @@ class DiLoCo:
         self.outer_optimizer.step(pairs)
 
     def _sync_topk(self, bad: bool) -> tuple[Traffic, bool | None]:
-        comp = self.compressor
-        payloads, sent = [], []
-        for b in comp.buckets:
-            idx_parts, val_parts = [], []
-            for i, m in enumerate(b.members):
-                e = self._member_entry[id(m.param)]
-                local = local_tensor(e.param)
-                pg = None if bad else self._on_device(e.global_copy, local) - local  # none non-finite
-                acc = self._on_device(e.error_feedback, local)
-                idx, vals = comp.select(b, [acc], [pg], scale=1.0, decay=self.decay, members=[i])
-                self._to_state(e.error_feedback, acc)
-                idx_parts.append(idx)
-                val_parts.append(vals)
-            sent.append((torch.cat(idx_parts), torch.cat(val_parts)))
-            payloads.append(comp.pack(b, *sent[-1]))
-        timer = ExchangeTimer(comp.device)
-        gathered = comp.exchange(payloads, torch.tensor([int(bad)], dtype=torch.uint8))
-        self._timers.append(timer.stop())
-        committed = comp.commit()  # elastic: whether torchft lets this replica apply it
-        if not committed or any(comp.flags(gathered)):  # not applied: error feedback gets back what it sent
-            for b, (idx, vals) in zip(comp.buckets, sent):
-                for i, m in enumerate(b.members):
-                    e = self._member_entry[id(m.param)]
-                    acc = self._on_device(e.error_feedback, local_tensor(e.param))
-                    comp.restore(b, idx, vals, [acc], members=[i])
-                    self._to_state(e.error_feedback, acc)
-            return comp.last_traffic, (True if committed else None)
-        pending, size = [], 0  # decoded outer gradients, stepped together up to a dense bucket's size
-        for b, (sent_idx, sent_vals) in zip(comp.buckets, sent):
-            idx, vals = comp.unpack(b, gathered)
-            dropped = comp.dropped(b, idx, sent_idx, sent_vals)  # sharded: back into error feedback
-            for i, m in enumerate(b.members):
-                e = self._member_entry[id(m.param)]
-                local = local_tensor(e.param)
-                pending.append((e, comp.decode_into(b, idx, vals, i, torch.empty_like(local))))
-                size += local.numel()
-                if size >= DENSE_BUCKET_ELEMENTS:
-                    self.outer_optimizer.step(pending)
-                    pending, size = [], 0
-                if dropped is not None:
-                    acc = self._on_device(e.error_feedback, local)
-                    comp.restore(b, sent_idx, dropped, [acc], members=[i])
-                    self._to_state(e.error_feedback, acc)
-        if pending:
-            self.outer_optimizer.step(pending)
-        return comp.last_traffic, False
+        traffic, skip, timer = topk_outer_exchange(self.compressor, self._member_entry, bad, self.decay,
+                                                   self._on_device, self._to_state, self.outer_optimizer.step)
+        self._timers.append(timer)
+        return traffic, skip
 
     def _on_device(self, state: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return state.to(like.device, non_blocking=True) if self.offload else state
