@@ -32,23 +32,27 @@ class TPReplicated:
     whether this rank owns them. All share one mesh (checked by ``check_replicate_group``)."""
 
     def __init__(self, params: list[torch.Tensor]):
-        self.params = [p for p in params if replicated_dims(p)]
-        self.owner, self._groups, self._dims = True, [], ()
+        with_dims = [(p, replicated_dims(p)) for p in params]
+        self.params = [p for p, dims in with_dims if dims]
+        self.owner, self._groups = True, []
+        self._elsewhere: frozenset[int] = frozenset()  # ids of the parameters another TP rank owns
         if not self.params or not dist.is_initialized():
             return
-        dims = {replicated_dims(p) for p in self.params}
+        dims = {d for _, d in with_dims if d}
         if len(dims) > 1:
             raise ValueError(f"parameters replicated over different mesh dimensions {sorted(dims)}: "
                              "one set is supported (torchtitan's TP plans replicate over tp only)")
-        self._dims = dims.pop()
+        dims = dims.pop()
         mesh = self.params[0].device_mesh
         coordinate = mesh.get_coordinate()
-        self.owner = all(coordinate[d] == 0 for d in self._dims)
-        self._groups = [mesh.get_group(d) for d in self._dims]
+        self.owner = all(coordinate[d] == 0 for d in dims)
+        self._groups = [mesh.get_group(d) for d in dims]
+        if not self.owner:
+            self._elsewhere = frozenset(id(p) for p in self.params)
 
     def exchanged(self, p: torch.Tensor) -> bool:
         """Whether this rank exchanges (and keeps optimizer state for) ``p``."""
-        return self.owner or not any(p is q for q in self.params)
+        return id(p) not in self._elsewhere
 
     def mirror(self, extra: list[torch.Tensor] = ()) -> None:
         """Every TP rank := the owner's values of the replicated parameters (and of ``extra``,
