@@ -111,20 +111,31 @@ def test_stop_raises_on_every_replica_naming_the_parameter():
     assert same0 and same1  # no parameter moved
 
 
-def _sharded(rank, world):
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+def _model():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128))
-    fully_shard(model, mesh=mesh["shard"])
+    return nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128))
+
+
+def _step_with_a_nan_on_rank_1(rank, mesh, model, replica):
+    """One DeMo step of the sharded ``model`` with a NaN in one gradient of rank 1's shard only:
+    (the replicas that skipped, whether every local parameter stayed as it was)."""
     model.set_force_sum_reduction_for_comms(True)
     opt = DeMo(model.parameters(), lr=LR, replicate_group=mesh["replicate"].get_group())
-    model(torch.randn(4, 64, generator=torch.Generator().manual_seed(rank // 2))).square().mean().backward()
-    if rank == 1:  # replica 0, shard 1 only: the other shard of that replica never sees it
+    model(torch.randn(4, 64, generator=torch.Generator().manual_seed(replica))).square().mean().backward()
+    if rank == 1:
         model[2].weight.grad.to_local()[0, 0] = float("nan")
     before = [p.to_local().clone() for p in model.parameters()]
     opt.step()
     unchanged = all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before))
     return opt.last_step_skipped_by, unchanged
+
+
+def _sharded(rank, world):
+    # rank 1 is replica 0, shard 1: the other shard of that replica never sees the NaN
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = _model()
+    fully_shard(model, mesh=mesh["shard"])
+    return _step_with_a_nan_on_rank_1(rank, mesh, model, rank // 2)
 
 
 def test_one_bad_shard_skips_the_step_for_every_shard_and_replica():
@@ -134,23 +145,15 @@ def test_one_bad_shard_skips_the_step_for_every_shard_and_replica():
 
 
 def _sharded_and_tp(rank, world):
-    # 2 replicas of FSDP 2 x TP 2: a replica's shards span a 2-D mesh, rows and columns
+    # 2 replicas of FSDP 2 x TP 2: a replica's shards span a 2-D mesh, rows and columns. Rank 1
+    # is replica 0, FSDP shard 0, TP rank 1: neither its row nor its column holds (fsdp 1, tp 0)
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("replicate", "fsdp", "tp"))
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128))
+    model = _model()
     parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     fully_shard(model, mesh=mesh["fsdp"])
-    model.set_force_sum_reduction_for_comms(True)
-    opt = DeMo(model.parameters(), lr=LR, replicate_group=mesh["replicate"].get_group())
-    model(torch.randn(4, 64, generator=torch.Generator().manual_seed(rank // 4))).square().mean().backward()
-    if rank == 1:  # replica 0, FSDP shard 0, TP rank 1 only: neither its row nor its column shares it
-        model[2].weight.grad.to_local()[0, 0] = float("nan")
-    before = [p.to_local().clone() for p in model.parameters()]
-    opt.step()
-    unchanged = all(torch.equal(p.to_local(), b) for p, b in zip(model.parameters(), before))
-    return opt.last_step_skipped_by, unchanged
+    return _step_with_a_nan_on_rank_1(rank, mesh, model, rank // 4)
 
 
 def test_one_bad_shard_of_an_fsdp_by_tp_replica_skips_the_step_everywhere():
