@@ -19,6 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "results.md"
+PLOTS = REPO / "benchmarks" / "plots.sh"  # the page's plots, one plot.py call per line
 # The pre-flight module launch.sh runs (`"$PYTHON" -m MODULE CONFIG FLAGS`); read from launch.sh so a
 # move of the module follows it. The fallback is the one place to change if launch.sh stops naming it.
 PREFLIGHT_FALLBACK = "flexdemo.titan.preflight"
@@ -45,6 +46,11 @@ def page_commands(text: str) -> list[list[str]]:
             if argv:
                 out.append(argv)
     return out
+
+
+def plot_commands(text: str) -> list[list[str]]:
+    """The plot.py calls of benchmarks/plots.sh (its other lines are the shell's set-up)."""
+    return [shlex.split(line) for line in text.splitlines() if line.startswith("python3 benchmarks/plot.py")]
 
 
 def case_labels(script: Path) -> set[str]:
@@ -219,6 +225,18 @@ def test_every_command_on_the_results_page_parses_on_todays_code():
     assert len(commands) >= 20, "the page's ```sh blocks hold its commands"
     _, parses, jobs = plan(commands)
     assert len(jobs) >= 30 and len(parses) >= 15
+    assert run_checks(commands) == []
+
+
+def test_every_plot_command_parses_and_draws_from_committed_data():
+    commands = plot_commands(PLOTS.read_text())
+    assert len(commands) >= 7, "plots.sh draws every plot on the page"
+    drawn = {Path(_value(argv, "--out")).name for argv in commands}
+    shown = set(re.findall(r"\(plots/([\w-]+)/[\w.-]+\.png\)", PAGE.read_text()))
+    assert shown <= drawn, f"plots on the page that plots.sh does not draw: {shown - drawn}"
+    for argv in commands:
+        data = _value(argv, "--csv") or _value(argv, "--frontier") or _value(argv, "--shaped")
+        assert data and (REPO / data).exists(), f"{argv[:4]}: no data {data!r}"
     assert run_checks(commands) == []
 
 
