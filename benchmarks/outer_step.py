@@ -140,8 +140,7 @@ def sgd_check(device, numel: int, steps: int, lr=0.7, mu=0.9) -> dict:
     state) against the hand-written step it replaced, on the same random parameters and outer
     gradients, Nesterov momentum, ``steps`` steps; then the time of one step of each placement,
     and of torch.optim.SGD stepping the state where it lives in host memory (grads copied down)."""
-    from flexdemo.optim.diloco_outer import OuterSGD
-    from flexdemo.optim.diloco_state import new_entry
+    from flexdemo.optim.diloco_outer import OuterSGD, new_entry
 
     shapes = [(2048, 8192)] * max(1, numel // (2048 * 8192))
     g = torch.Generator(device=device).manual_seed(0)

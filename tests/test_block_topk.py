@@ -87,7 +87,7 @@ def test_a_sharded_tensor_lands_in_ragged_buckets_on_the_torch_path():
 
 # torchtitan's llama3 TP plan: column-wise (dim 0) and row-wise (dim 1) linears, the embedding's
 # rows; the norms are replicated, and one TP rank of a replica sends their blocks
-# (flexdemo.compression.tp_replicated; tests/test_tp_replicated.py measures it).
+# (flexdemo.compression.mesh_layout; tests/test_tp_replicated.py measures it).
 _TP_DIM = {"tok_embeddings": 0, "wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "output": 0, "wo": 1, "w2": 1}
 
 

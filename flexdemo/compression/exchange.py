@@ -1,6 +1,6 @@
 """Collectives over the replica group (the slow link), through the :class:`ReplicaGroup`
 protocol (:mod:`flexdemo.replica_group`: a static process group or torchft's; nothing here asks
-which): the packed all_gather of compressed payloads, the dense replica mean of the DiLoCo baseline, the replicate group's layout check, and a
+which): the packed all_gather of compressed payloads, the dense replica mean of the DiLoCo baseline, and a
 timer that does not sync the host (the replicas' settings agreement: :mod:`.agreement`).
 
 Every function here gives every rank of the group the same bits: the all_gather copies bytes,
@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Partial
 
 from flexdemo.replica_group import ReplicaExchangeTimeout, ReplicaGroup, wait_for  # noqa: F401 (re-exported)
 
@@ -35,17 +33,6 @@ class Traffic:
 
 class NonFiniteError(RuntimeError):
     """A replica saw a non-finite value and was told to stop: raised on every replica alike."""
-
-
-def shard_groups_of(params) -> tuple:
-    """The groups spanning a replica's shards: one per dimension of the DTensor parameters' mesh
-    (FSDP, TP, or both), those of one rank left out. A MAX or a union taken over each in turn
-    covers every shard of the replica (a 2-D mesh: its rows, then its columns)."""
-    for p in params:
-        if isinstance(p, DTensor) and p.device_mesh.size() > 1:
-            mesh = p.device_mesh
-            return tuple(mesh.get_group(d) for d in range(mesh.ndim) if mesh.size(d) > 1)
-    return ()
 
 
 def nonfinite_flags(tensors, shard_groups, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,36 +118,6 @@ def hsdp_allreduce_bytes(numel: int, replicas: int, elem: int) -> int:
     """Bytes one rank sends (= receives) per step in HSDP's ring all-reduce of ``numel`` gradient
     elements of ``elem`` bytes over ``replicas`` (modelled: torch's all-reduce reports none)."""
     return 2 * (replicas - 1) * numel * elem // replicas
-
-
-def check_replicate_group(params, group: ReplicaGroup, who: str) -> None:
-    """All DTensor params must live on one mesh, orthogonal to the replicate group: the group
-    must hold exactly one rank of each shard group, so that every rank exchanges its own shard
-    with the same shard of the other replicas (``group.global_ranks()``: its members in this
-    job's world; a torchft group spans jobs, one replica each, and names only this rank)."""
-    mesh = None
-    for p in params:
-        if not isinstance(p, DTensor):
-            continue
-        if any(isinstance(pl, Partial) for pl in p.placements):
-            raise ValueError(f"{who}: parameters with Partial placements are not supported")
-        if mesh is None:
-            mesh = p.device_mesh
-        elif p.device_mesh != mesh:
-            raise ValueError(
-                f"{who}: parameters live on different device meshes ({mesh} and {p.device_mesh}); "
-                f"{who} exchanges local shards of one mesh over one replicate group"
-            )
-    if mesh is None or not distributed():
-        return
-    replica_ranks = set(group.global_ranks())
-    overlap = replica_ranks & set(mesh.mesh.flatten().tolist())
-    if overlap != {dist.get_rank()}:
-        raise ValueError(
-            f"{who}: the replicate group {sorted(replica_ranks)} overlaps the parameters' mesh "
-            f"{mesh.mesh.tolist()} in ranks {sorted(overlap)}; the replicate group must contain exactly "
-            "one rank of each shard group (pass the dp_replicate group, not the world)"
-        )
 
 
 class ExchangeTimer:

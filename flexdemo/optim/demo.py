@@ -39,12 +39,10 @@ import torch
 import torch.distributed as dist
 
 from flexdemo.compression.compressor import HostFlags, StartedExchange, TopkCompressor
-from flexdemo.compression.tp_replicated import TPReplicated
+from flexdemo.compression.mesh_layout import TPReplicated, check_replicate_group, shard_groups_of
 from flexdemo.compression.exchange import (
     NonFiniteError,
-    check_replicate_group,
     nonfinite_flags,
-    shard_groups_of,
 )
 from flexdemo.local import local_grad
 from flexdemo.local import local_tensor as _local
@@ -135,7 +133,7 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
 
     def _exchanged(self):
         """The trainable parameters this rank compresses and keeps momentum for: all but those TP
-        replicates and another TP rank owns (:mod:`flexdemo.compression.tp_replicated`)."""
+        replicates and another TP rank owns (:mod:`flexdemo.compression.mesh_layout`)."""
         return [p for p in self._trainable() if self._tp.exchanged(p)]
 
     def _build_compressor(self) -> TopkCompressor:

@@ -66,24 +66,21 @@ import torch
 
 from flexdemo.compression.agreement import check_settings_agree, dense_settings, diloco_settings
 from flexdemo.compression.compressor import TopkCompressor
-from flexdemo.compression.tp_replicated import TPReplicated
+from flexdemo.compression.mesh_layout import TPReplicated, check_replicate_group, shard_groups_of
 from flexdemo.compression.exchange import (
     ExchangeTimer,
     NonFiniteError,
     Traffic,
-    check_replicate_group,
     distributed,
     nonfinite_flags,
-    shard_groups_of,
 )
 from flexdemo.local import local_tensor
 from flexdemo.replica_group import replica_group
 from flexdemo.optim.diloco_args import WIRE_DTYPES, Compression, StateDevice, check_args
 from flexdemo.optim.diloco_dense import dense_outer_exchange
-from flexdemo.optim.diloco_outer import OuterSGD
-from flexdemo.optim.diloco_topk import topk_outer_exchange
-from flexdemo.optim.diloco_state import (
+from flexdemo.optim.diloco_outer import (
     Entry,
+    OuterSGD,
     entries_state_dict,
     entry_keys,
     load_entries,
@@ -91,6 +88,7 @@ from flexdemo.optim.diloco_state import (
     new_entry,
     shared_copies,
 )
+from flexdemo.optim.diloco_topk import topk_outer_exchange
 from flexdemo.optim.nonfinite import (
     RepeatedSkipsError,
     SkipStreak,

@@ -15,7 +15,7 @@ import torch
 from flexdemo.compression.exchange import ExchangeTimer, Traffic, replica_mean
 from flexdemo.local import local_tensor
 from flexdemo.optim.bounded_groups import bounded_groups
-from flexdemo.optim.diloco_state import Entry
+from flexdemo.optim.diloco_outer import Entry
 
 DENSE_BUCKET_ELEMENTS = 1 << 26  # 256 MiB of fp32 pseudo-gradient per dense exchange
 

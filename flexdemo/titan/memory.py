@@ -156,7 +156,7 @@ def optimizer_state_bytes(cfg) -> StateBytes:
         return StateBytes(momentum + (PARAM_BYTES if cfg.overlap and cfg.overlap_lookahead else 0), 0)
     if cfg.mode not in DILOCO_MODES:
         raise ValueError(f"no optimizer-state model for mode {cfg.mode!r}")
-    # DiLoCo (flexdemo.optim.diloco_state.new_entry): global copy, outer momentum when
+    # DiLoCo (flexdemo.optim.diloco_outer.new_entry): global copy, outer momentum when
     # outer_momentum > 0, error feedback in demo_diloco; on the GPU or in pinned host memory.
     outer = PARAM_BYTES * (1 + (float(cfg.outer_momentum) > 0) + (cfg.mode == "demo_diloco"))
     if cfg.outer_state_device == "cpu":

@@ -1,5 +1,9 @@
-"""Parameters that tensor parallelism replicates inside a replica (torchtitan's TP plans: the 1-D
-norm weights) cross the slow link once per replica, not once per TP rank.
+"""How a replica's parameters lie on its device mesh: the replicate group must cross that mesh
+(:func:`check_replicate_group`), the groups that span a replica's shards (:func:`shard_groups_of`),
+and the parameters tensor parallelism replicates inside a replica (:class:`TPReplicated`).
+
+The last (torchtitan's TP plans: the 1-D norm weights) cross the slow link once per replica,
+not once per TP rank.
 
 Every TP rank holds the same bits of such a parameter, so one of them, the *owner* (coordinate 0
 on each mesh dimension that replicates it), compresses and exchanges it as any other; the
@@ -15,9 +19,51 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Replicate
+from torch.distributed.tensor.placement_types import Partial, Replicate
 
 from flexdemo.local import local_tensor
+from flexdemo.replica_group import ReplicaGroup
+
+
+def check_replicate_group(params, group: ReplicaGroup, who: str) -> None:
+    """All DTensor params must live on one mesh, orthogonal to the replicate group: the group
+    must hold exactly one rank of each shard group, so that every rank exchanges its own shard
+    with the same shard of the other replicas (``group.global_ranks()``: its members in this
+    job's world; a torchft group spans jobs, one replica each, and names only this rank)."""
+    mesh = None
+    for p in params:
+        if not isinstance(p, DTensor):
+            continue
+        if any(isinstance(pl, Partial) for pl in p.placements):
+            raise ValueError(f"{who}: parameters with Partial placements are not supported")
+        if mesh is None:
+            mesh = p.device_mesh
+        elif p.device_mesh != mesh:
+            raise ValueError(
+                f"{who}: parameters live on different device meshes ({mesh} and {p.device_mesh}); "
+                f"{who} exchanges local shards of one mesh over one replicate group"
+            )
+    if mesh is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    replica_ranks = set(group.global_ranks())
+    overlap = replica_ranks & set(mesh.mesh.flatten().tolist())
+    if overlap != {dist.get_rank()}:
+        raise ValueError(
+            f"{who}: the replicate group {sorted(replica_ranks)} overlaps the parameters' mesh "
+            f"{mesh.mesh.tolist()} in ranks {sorted(overlap)}; the replicate group must contain exactly "
+            "one rank of each shard group (pass the dp_replicate group, not the world)"
+        )
+
+
+def shard_groups_of(params) -> tuple:
+    """The groups spanning a replica's shards: one per dimension of the DTensor parameters' mesh
+    (FSDP, TP, or both), those of one rank left out. A MAX or a union taken over each in turn
+    covers every shard of the replica (a 2-D mesh: its rows, then its columns)."""
+    for p in params:
+        if isinstance(p, DTensor) and p.device_mesh.size() > 1:
+            mesh = p.device_mesh
+            return tuple(mesh.get_group(d) for d in range(mesh.ndim) if mesh.size(d) > 1)
+    return ()
 
 
 def replicated_dims(p: torch.Tensor) -> tuple[int, ...]:
