@@ -1,7 +1,8 @@
 """Collectives over the replica group (the slow link), through the :class:`ReplicaGroup`
 protocol (:mod:`flexdemo.replica_group`: a static process group or torchft's; nothing here asks
-which): the packed all_gather of compressed payloads, the dense replica mean of the DiLoCo baseline, and a
-timer that does not sync the host (the replicas' settings agreement: :mod:`.agreement`).
+which): the packed all_gather of compressed payloads, the dense replica mean of the DiLoCo
+baseline, the non-finite flags agreed over a replica's shards, and a timer that does not sync the
+host (the replicas' settings agreement: :mod:`.agreement`; the mesh layout: :mod:`.mesh_layout`).
 
 Every function here gives every rank of the group the same bits: the all_gather copies bytes,
 and the dense mean is summed in rank order by one owner per chunk, then copied to everyone.

@@ -40,10 +40,7 @@ import torch.distributed as dist
 
 from flexdemo.compression.compressor import HostFlags, StartedExchange, TopkCompressor
 from flexdemo.compression.mesh_layout import TPReplicated, check_replicate_group, shard_groups_of
-from flexdemo.compression.exchange import (
-    NonFiniteError,
-    nonfinite_flags,
-)
+from flexdemo.compression.exchange import NonFiniteError, nonfinite_flags
 from flexdemo.local import local_grad
 from flexdemo.local import local_tensor as _local
 from flexdemo.replica_group import ReplicaGroup, replica_group
