@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Replicate
 
+from flexdemo.compression.exchange import distributed
 from flexdemo.local import local_tensor
 from flexdemo.replica_group import ReplicaGroup
 
@@ -43,7 +44,7 @@ def check_replicate_group(params, group: ReplicaGroup, who: str) -> None:
                 f"{who}: parameters live on different device meshes ({mesh} and {p.device_mesh}); "
                 f"{who} exchanges local shards of one mesh over one replicate group"
             )
-    if mesh is None or not (dist.is_available() and dist.is_initialized()):
+    if mesh is None or not distributed():
         return
     replica_ranks = set(group.global_ranks())
     overlap = replica_ranks & set(mesh.mesh.flatten().tolist())
