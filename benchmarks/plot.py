@@ -243,7 +243,11 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
         totals = _totals(run, [last])
         points[name] = (run.validation[last], totals.get(last), last)
     is_base = {n for n in points if n.split("_")[0] == baseline}
-    base = {_seed(n): points[n] for n in is_base}
+    # the target of a seed is the run named exactly BASELINE_sSEED; variants (adamw_lr5e-4_s1234)
+    # are drawn as their own lines, never silently taken as the target
+    base = {}
+    for n in sorted(is_base, key=lambda n: (n != f"{baseline}_s{_seed(n)}", n)):
+        base.setdefault(_seed(n), points[n])
     # the one byte baseline B: a bf16 ring all-reduce every step (from a baseline run's modelled counter)
     ring = ring_bytes([runs[n] for n in sorted(is_base)])
     lines = [f"| run | held-out loss @{max(p[2] for p in points.values())} | vs {baseline} (same seed) "
@@ -271,8 +275,11 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
             f"{over / nbytes:.1f}x"
         lines.append(f"| {name} | {loss:.4f} | {rel} | {nbytes:,.0f} | {ratio} |")
         if name in is_base:
-            ax.axhline(loss, ls="--", lw=1.2, color="black" if _seed(name) == seeds[0] else "dimgray",
-                       label=f"target: {baseline} final held-out loss, seed {_seed(name)} ({loss:.4f})")
+            target = name == f"{baseline}_s{_seed(name)}"
+            ax.axhline(loss, ls="--" if target else (0, (1, 3)), lw=1.2,
+                       color="black" if _seed(name) == seeds[0] else "dimgray",
+                       label=f"{'target: ' if target else ''}{describe(name)} final held-out loss, seed "
+                             f"{_seed(name)} ({loss:.4f})")
         elif nbytes:
             d = describe(name)
             color, marker = style[d]

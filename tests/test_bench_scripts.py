@@ -299,6 +299,7 @@ def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
     pytest.importorskip("matplotlib")
     fields = plot.FIELDS
     rows = [  # run, last validated step's loss, bytes received in total by then
+        ("adamw_lr5e-4_s1", 2.5, 1_000_000),  # a baseline variant: not the target of seed 1
         ("adamw_s1", 3.0, 1_000_000), ("adamw_s2", 4.0, 1_000_000),
         ("k8_s1", 3.3, 1_000), ("k8_s2", 3.0, 2_000), ("k8_1b_s2", 2.0, 500)]
     with open(tmp_path / "runs.csv", "w") as f:
@@ -317,6 +318,7 @@ def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
     assert lines["k8_s2"] == ["3.0000", "-25.0%", "2,000", "250x |"]
     assert lines["k8_1b_s2"] == ["2.0000", "-50.0%", "500", "1,000x |"]
     assert lines["adamw_s2"][1] == "+0.0%" and lines["adamw_s2"][3] == "0.5x |"
+    assert lines["adamw_lr5e-4_s1"][1] == "-16.7%"
 
 
 def _elastic_log(path, steps, seconds, tps, participants=None, extra=()):
