@@ -172,7 +172,8 @@ def test_the_long_runs_loss_costs_are_their_data():
     # SparseLoCo's preset as shipped (run sparseloco_*), or with the one flag its run names
     # (sparseloco_olr2_*: --flexdemo.outer_lr 2.0, docs/results/long_small_shared_h200/meta.json)
     preset = tomllib.loads((CONFIGS / "gpu_2gpu_sparseloco.toml").read_text())["flexdemo"]
-    flags = {"sparseloco": {}, "sparseloco_olr2": {"outer_lr": 2.0}}
+    flags = {"sparseloco": {}, "sparseloco_olr2": {"outer_lr": 2.0},
+             "sparseloco_olr2_top48": {"outer_lr": 2.0, "outer_topk": 48}}
     for cost in cited:
         run = cost.runs[0].split("/")[1].rsplit("_s", 1)[0]
         assert {k: v for k, v in cost.settings.items() if k in preset} == \
