@@ -245,9 +245,10 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
     is_base = {n for n in points if n.split("_")[0] == baseline}
     # the target of a seed is the run named exactly BASELINE_sSEED; variants (adamw_lr5e-4_s1234)
     # are drawn as their own lines, never silently taken as the target
-    base = {}
+    target_of = {}
     for n in sorted(is_base, key=lambda n: (n != f"{baseline}_s{_seed(n)}", n)):
-        base.setdefault(_seed(n), points[n])
+        target_of.setdefault(_seed(n), n)
+    base = {seed: points[n] for seed, n in target_of.items()}
     # the one byte baseline B: a bf16 ring all-reduce every step (from a baseline run's modelled counter)
     ring = ring_bytes([runs[n] for n in sorted(is_base)])
     lines = [f"| run | held-out loss @{max(p[2] for p in points.values())} | vs {baseline} (same seed) "
@@ -275,7 +276,7 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
             f"{over / nbytes:.1f}x"
         lines.append(f"| {name} | {loss:.4f} | {rel} | {nbytes:,.0f} | {ratio} |")
         if name in is_base:
-            target = name == f"{baseline}_s{_seed(name)}"
+            target = target_of[_seed(name)] == name  # the line the table's percentages are against
             ax.axhline(loss, ls="--" if target else (0, (1, 3)), lw=1.2,
                        color="black" if _seed(name) == seeds[0] else "dimgray",
                        label=f"{'target: ' if target else ''}{describe(name)} final held-out loss, seed "

@@ -169,8 +169,9 @@ def test_the_long_runs_loss_costs_are_their_data():
         got = tuple(round(final(folder)[run] / final(folder)["adamw_s" + run.rsplit("_s", 1)[1]] - 1, 3)
                     for folder, run in runs)
         assert cost.vs_adamw == got, cost
-    # SparseLoCo's preset as shipped (run sparseloco_*), or with the one flag its run names
-    # (sparseloco_olr2_*: --flexdemo.outer_lr 2.0, docs/results/long_small_shared_h200/meta.json)
+    # SparseLoCo's preset as shipped (run sparseloco_*), or with the flags its run names
+    # (sparseloco_olr2_*: --flexdemo.outer_lr 2.0; _top48: and --flexdemo.outer_topk 48;
+    # docs/results/long_small_shared_h200/meta.json)
     preset = tomllib.loads((CONFIGS / "gpu_2gpu_sparseloco.toml").read_text())["flexdemo"]
     flags = {"sparseloco": {}, "sparseloco_olr2": {"outer_lr": 2.0},
              "sparseloco_olr2_top48": {"outer_lr": 2.0, "outer_topk": 48}}
