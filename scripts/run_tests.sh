@@ -9,7 +9,10 @@ PY="${PYTHON:-python3}"
 # read at every launch, so they get a run of their own.
 # Both runs always run; the script fails if either did.
 status=0
-TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_codec.py tests/test_fused_grouped.py \
+# Two workers (-n 2); --dist loadfile keeps a file's tests (and its module fixtures' shared runs)
+# on one worker.
+XDIST=(-n "${TEST_WORKERS:-2}" --dist loadfile)
+TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" tests/test_fused_codec.py tests/test_fused_grouped.py \
   tests/test_fused_optim.py tests/test_fused_overlap.py tests/test_fused_rounding.py || status=1
-"$PY" -m pytest -q -p no:cacheprovider --durations=25 tests "$@" || status=1
+"$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" --durations=25 tests "$@" || status=1
 exit $status
