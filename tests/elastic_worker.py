@@ -2,7 +2,8 @@
 an ``ElasticGroup`` (torchft), one process per replica, its own gloo world of one.
 
   python tests/elastic_worker.py REPLICA_ID STEPS OUT_JSONL   (env: TORCHFT_LIGHTHOUSE;
-                                                             ELASTIC_EXCHANGE: allgather or sharded)
+                                                             ELASTIC_EXCHANGE: allgather or sharded;
+                                                             ELASTIC_START_BARRIER: DIR:N)
 
 Each committed or skipped step writes one JSON line: the step, how many replicas took part,
 whether it was applied, and a SHA-256 of the parameters' bytes after it. The replica's data
@@ -32,6 +33,19 @@ def digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def wait_for_the_others(barrier: str, replica: int) -> None:
+    """Step 1 only once N replicas are ready: torchft's first quorum takes whoever has joined,
+    and a replica still importing torch on a loaded machine would join at step 2 by healing.
+    A restarted replica finds every file there and goes on at once."""
+    folder, n = barrier.rsplit(":", 1)
+    open(os.path.join(folder, f"ready{replica}"), "w").close()
+    deadline = time.time() + 120
+    while len([f for f in os.listdir(folder) if f.startswith("ready")]) < int(n):
+        if time.time() > deadline:
+            raise SystemExit(f"replica {replica}: the other replicas were not ready within 120 s")
+        time.sleep(0.05)
+
+
 def main() -> None:
     replica, steps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     pause = float(os.environ.get("ELASTIC_STEP_PAUSE", "0.2"))
@@ -51,6 +65,8 @@ def main() -> None:
                                 state_dict=state_dict, load_state_dict=load_state_dict)
     opt = DeMo(model.parameters(), lr=1e-2, compression_topk=4, compression_chunk=8, replicate_group=group,
                exchange=os.environ.get("ELASTIC_EXCHANGE", "allgather"))
+    if os.environ.get("ELASTIC_START_BARRIER"):
+        wait_for_the_others(os.environ["ELASTIC_START_BARRIER"], replica)
     with open(out, "a") as log:
         while group.manager.current_step() < steps:
             group.start_step()  # a replica behind the others heals here

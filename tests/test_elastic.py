@@ -54,7 +54,7 @@ def lighthouse():
 def test_a_killed_replica_is_dropped_and_rejoins_bitwise_equal(lighthouse, tmp_path, exchange):
     steps = 60
     env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse, "OMP_NUM_THREADS": "1", "ELASTIC_STEP_PAUSE": "0.25",
-           "ELASTIC_EXCHANGE": exchange}
+           "ELASTIC_EXCHANGE": exchange, "ELASTIC_START_BARRIER": f"{tmp_path}:3"}
 
     def start(replica: int, log: Path) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, str(REPO / "tests" / "elastic_worker.py"), str(replica),
