@@ -231,7 +231,7 @@ def describe(name: str) -> str:
 def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str = "") -> tuple[Path, str]:
     """Last held-out loss vs total bytes per run (a PNG), and the markdown table of the same.
     One marker shape and colour per setting (its code spelled out in the legend), filled for the
-    first seed and hollow for the second; the baseline's final loss per seed is the target line."""
+    first seed and hollow for the others; the baseline's final loss per seed is the target line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -304,7 +304,8 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
     ax.set_xlabel("bytes received per rank over the replica dimension, whole run (log)")
     ax.set_ylabel("last held-out loss")
     ax.set_title((title or "final held-out loss vs bytes") +
-                 f"\nfilled: seed {seeds[0]}, hollow: seed {seeds[-1]}; dashed: {baseline} per seed", fontsize=9)
+                 f"\nfilled: seed {seeds[0]}, hollow: seed{'s' * (len(seeds) > 2)} "
+                 f"{', '.join(map(str, seeds[1:]))}; dashed: {baseline} per seed", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()

@@ -106,6 +106,8 @@ def plan(commands: list[list[str]]) -> tuple[list[str], list[dict], list[dict]]:
                 continue
             parses.append({"where": where, "script": str(script), "argv": argv[2:]})
         elif argv[0] == "bash" and argv[1] == "benchmarks/gpu.sh":
+            if argv[2] == "detach":  # detach SUITE ARGS: the suite it starts is checked as if run directly
+                argv = argv[:2] + argv[3:]
             suite, rest = argv[2], argv[3:]
             if suite not in case_labels(REPO / argv[1]):
                 problems.append(f"{where}: gpu.sh has no suite {suite!r}")
@@ -113,8 +115,8 @@ def plan(commands: list[list[str]]) -> tuple[list[str], list[dict], list[dict]]:
             if suite in SUITE_SCRIPTS:
                 script, added = SUITE_SCRIPTS[suite]
                 parses.append({"where": where, "script": str(REPO / script), "argv": [*added, *rest]})
-            elif rest:
-                problems.append(f"{where}: gpu.sh {suite} takes no arguments here")
+            elif rest and not (suite in ("collect", "watch") and len(rest) == 1 and rest[0].isdigit()):
+                problems.append(f"{where}: gpu.sh {suite} takes no arguments here")  # but collect/watch SECONDS
             if suite == "runs":
                 common, nproc = _value(rest, "--common"), _value(rest, "--nproc") or None
                 i = 0
@@ -248,6 +250,8 @@ def test_every_plot_command_parses_and_draws_from_committed_data():
     ("python3 benchmarks/exchange_bytes.py --no-such-flag", "no-such-flag"),
     ("python3 benchmarks/no_such_script.py --x", "no script"),
     ("bash benchmarks/gpu.sh nosuite", "no suite"),
+    ('bash benchmarks/gpu.sh detach runs --common "--model.flavor small" "a gpu_2gpu_no_such_config"', "no config"),
+    ("bash benchmarks/gpu.sh collect 560 600", "no arguments"),
     ("bash benchmarks/recipe.sh pick 4321 k8 no_such_variant", "no variant"),
 ])
 def test_the_check_fails_on_a_missing_config_script_or_flag(line, expect):
