@@ -18,7 +18,7 @@
 #   runs [ARGS]           torchtitan runs side by side with their held-out losses (benchmarks/runs.py)
 #   link [ARGS]           torchtitan runs over a real shaped link, 2 GPUs (benchmarks/shaped_link.py)
 #   checks                GPU correctness: zero votes, start-up agreement, skipped steps, overlap's delayed
-#                         update, replica check
+#                         update, host-memory momentum, replica check
 #   profile [RUN...]      torch.profiler traces of 1B runs (adamw, flexdemo, flexdemo_overlap) and
 #                         where each step's GPU time goes; LAYOUT=2x2 for 4 GPUs, STEPS (default 30)
 #   elastic [ARGS]        4 elastic replicas on torchft (one GPU each, small): one killed and restarted;
@@ -101,6 +101,10 @@ checks)
   CUDA_VISIBLE_DEVICES=0,1 timeout 240 torchrun --nproc_per_node 2 --master_port 29513 benchmarks/check_overlap.py \
     > "$R/overlap.txt" 2>&1
   echo "exit $?"; grep '^{' "$R/overlap.txt" | tail -1
+  echo "=== DeMo's momentum in host memory: pinned, the same bits (1 GPU)"
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_momentum_offload.py -k cuda \
+    > "$R/momentum_offload.txt" 2>&1
+  echo "exit $?"; tail -2 "$R/momentum_offload.txt"
   echo "=== replica check cost"
   CUDA_VISIBLE_DEVICES=0 python3 benchmarks/replica_check.py --device cuda > "$R/replica_check.json" 2>&1
   echo "exit $?"; tail -3 "$R/replica_check.json"

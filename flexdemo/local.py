@@ -9,6 +9,16 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``local`` as a tensor shaped like ``param``: a DTensor with the parameter's sharding whose
+    local shard IS ``local`` (on whatever device it lives), or ``local`` itself. DTensor.from_local
+    would move a host tensor to the mesh's device; the constructor (as FSDP2 uses it for its
+    CPU-offloaded shards) keeps it in place, so DCP reads and writes the state's own storage."""
+    if not isinstance(param, DTensor):
+        return local
+    return DTensor(local, param._spec, requires_grad=False)
+
+
 def local_grad(p: torch.Tensor) -> torch.Tensor | None:
     """The rank-local part of ``p``'s gradient, laid out as ``p``'s own local part: a DTensor
     gradient whose placements differ from the parameter's (tensor parallelism gives a row-sharded

@@ -43,6 +43,7 @@ POOL = {
     "outer_state_device": (["device", "cpu"], ["gpu"]),
     "outer_transform": (["dct", "none"], ["fft", 0]),
     "momentum_dtype": (["float32", "bfloat16"], ["float16", "bf16"]),
+    "momentum_device": (["device", "cpu"], ["gpu"]),
     "exchange": (["allgather", "sharded"], ["ring"]),
     "index_coding": (["fixed", "elias_fano"], ["huffman"]),
     "sharded_topk": ([0, 16], [-1, "16"]),

@@ -106,13 +106,18 @@ def diloco_state(outer: DiLoCo):
 def run_mode(cfg: FlexDemo) -> tuple[float, float]:
     """One real step of the mode's optimizers on a small module: (device, host) state bytes per
     parameter element. On this CPU-only machine host state is told apart by where the code puts
-    it (the DiLoCo entries with outer_state_device = "cpu"), not by its device."""
+    it (the DiLoCo entries with outer_state_device = "cpu", DeMo's momentum "delta" with
+    momentum_device = "cpu"), not by its device."""
     model = small_module()
     if cfg.mode == "demo":
-        opt = DeMo(model.parameters(), lr=1e-3, fused=False, overlap=cfg.overlap, lookahead=cfg.overlap_lookahead)
+        opt = DeMo(model.parameters(), lr=1e-3, fused=False, overlap=cfg.overlap, lookahead=cfg.overlap_lookahead,
+                   momentum_dtype=cfg.momentum_dtype, momentum_device=cfg.momentum_device)
         backward(model)
         opt.step()
-        return per_element_state_bytes(model, torch_state(opt)), 0.0
+        host = cfg.momentum_device == "cpu"
+        on_host = [s[k] for s in opt.state.values() for k in s if k == "delta" and host]
+        on_device = [s[k] for s in opt.state.values() for k in s if torch.is_tensor(s[k]) and not (k == "delta" and host)]
+        return per_element_state_bytes(model, on_device), per_element_state_bytes(model, on_host)
     inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if cfg.mode == "off":
         backward(model)
@@ -134,6 +139,10 @@ MODES = {
     "off": FlexDemo(mode="off"),
     "demo": FlexDemo(mode="demo"),
     "demo_lookahead": FlexDemo(mode="demo", overlap=True, overlap_lookahead=True),
+    "demo_bf16": FlexDemo(mode="demo", momentum_dtype="bfloat16"),
+    "demo_host": FlexDemo(mode="demo", momentum_device="cpu"),
+    "demo_bf16_host_lookahead": FlexDemo(mode="demo", momentum_dtype="bfloat16", momentum_device="cpu",
+                                         overlap=True, overlap_lookahead=True),
     "diloco": FlexDemo(mode="diloco"),
     "diloco_no_momentum": FlexDemo(mode="diloco", outer_momentum=0.0, outer_nesterov=False),
     "diloco_host": FlexDemo(mode="diloco", outer_state_device="cpu"),
@@ -149,7 +158,7 @@ def test_optimizer_state_per_parameter_matches_the_real_optimizer(name):
     device, host = run_mode(cfg)
     modelled = memory.optimizer_state_bytes(cfg)
     assert (modelled.device, modelled.host) == (device, host), name
-    assert device > 0  # every mode keeps some state on the GPU
+    assert device + host > 0  # every mode keeps some state
 
 
 def test_the_estimate_scales_the_state_by_the_local_parameters(debug_model):
@@ -157,7 +166,8 @@ def test_the_estimate_scales_the_state_by_the_local_parameters(debug_model):
     local = sum(p.numel() // fsdp for p in debug_model.parameters())
     for flags, device, host in ((["--flexdemo.mode", "off"], 8, 0), (["--flexdemo.mode", "demo"], 4, 0),
                                 (["--flexdemo.mode", "demo_diloco"], 8 + 12, 0),
-                                (["--flexdemo.mode", "demo_diloco", "--flexdemo.outer_state_device", "cpu"], 8, 12)):
+                                (["--flexdemo.mode", "demo_diloco", "--flexdemo.outer_state_device", "cpu"], 8, 12),
+                                (["--flexdemo.mode", "demo", "--flexdemo.momentum_device", "cpu"], 0, 4)):
         est = memory.estimate_memory(job(*flags), 4)
         assert (est.optimizer, est.host_state) == (device * local, host * local), flags
         assert ("host_state=" in est.line()) == bool(host)

@@ -109,10 +109,12 @@ def test_resume_changing_replicas_shards_and_data_parallel_world_size(two_by_two
     # torchtitan builds the dataloader for the "batch" mesh, replicas x shards (FlexTrainer's
     # replica-local view comes after it): 2 x 2 and 4 x 1 on 4 processes both hand rank r (r, 4);
     # the world size changes only with the number of processes: 2 x 1 on 2 hands (r, 2).
-    hops = [  # replicas, shards, processes, last step, a rank, what it says of the optimizer state
-        (4, 1, 4, 6, 3, "(written by 2 replicas x 2 shards) on 4 x 1: replica 3 takes saved replica 1's own state"),
-        (2, 1, 2, 8, 1, "(written by 4 replicas x 1 shards) on 2 x 1: replica 1 takes saved replica 1's own state"),
-        (2, 2, 4, 10, 2, "(written by 2 replicas x 1 shards) on 2 x 2: replica 1 takes saved replica 1's own state"),
+    # The middle run keeps DeMo's momentum in host memory: its checkpoints move in and out of it.
+    host = ("--flexdemo.momentum_device", "cpu")
+    hops = [  # replicas, shards, processes, last step, a rank, what it says of the optimizer state, flags
+        (4, 1, 4, 6, 3, "(written by 2 replicas x 2 shards) on 4 x 1: replica 3 takes saved replica 1's own state", ()),
+        (2, 1, 2, 8, 1, "(written by 4 replicas x 1 shards) on 2 x 1: replica 1 takes saved replica 1's own state", host),
+        (2, 2, 4, 10, 2, "(written by 2 replicas x 1 shards) on 2 x 2: replica 1 takes saved replica 1's own state", ()),
     ]
     documents = corpus[0]
     read = []  # every document the replay encodes, all ranks, in every run
@@ -120,11 +122,12 @@ def test_resume_changing_replicas_shards_and_data_parallel_world_size(two_by_two
     assert _handed(two_by_two, 4) == [[(r, 4)] for r in range(4)]
     assert _data_states(two_by_two, 4) == expected
     previous, step, world = two_by_two, 4, 4
-    for replicas, shards, procs, last, rank, said in hops:
+    for replicas, shards, procs, last, rank, said, flags in hops:
         dump = _resume_from(previous, step, tmp_path / f"to{replicas}x{shards}")
-        run = launch(DEMO, dump, *_steps(last, last - step), *_topology(replicas, shards), assets=assets,
+        run = launch(DEMO, dump, *_steps(last, last - step), *_topology(replicas, shards), *flags, assets=assets,
                      timeout=TIMEOUT, nproc=procs)
         assert run.returncode == 0, run.output[-6000:]
+        assert _said(run, 0, "momentum=float32 on cpu") == bool(flags)
         assert sorted(run.losses(0)) == list(range(step + 1, last + 1))  # resumed, and ran to the end
         assert _said(run, rank, said)
         d = run.digests(ranks=range(procs))  # rank = replica x shards + shard: replicas bit-identical

@@ -76,13 +76,15 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
         lookahead: bool = False,
         index_coding: str = "fixed",
         momentum_dtype: str = "float32",
+        momentum_device: str = "device",
     ):
         check_hparams(lr, compression_decay, compression_topk, compression_chunk, weight_decay)
         check_args(lookahead, overlap, value_encoding, exchange, fused, nonfinite)
         self.nonfinite = nonfinite
         # bf16: 2 bytes per parameter, widened to fp32 for each step's arithmetic and stochastically
-        # rounded back (flexdemo.optim.momentum_storage).
-        self.momentum = MomentumStorage(momentum_dtype, fused)
+        # rounded back; "cpu": in pinned host memory, streamed through the GPU each step
+        # (flexdemo.optim.momentum_storage).
+        self.momentum = MomentumStorage(momentum_dtype, fused, momentum_device)
         self.param_names: dict[int, str] = {}  # id(param) -> name, for messages (set by the caller)
         # nonfinite="skip": the last exchange's flags on their way to the host and what this
         # replica sent then (put back if a replica flagged a non-finite gradient), read before
@@ -316,12 +318,15 @@ class DeMo(OverlapMixin, LookaheadMixin, torch.optim.Optimizer):
 
     def state_dict(self):
         self._settle()  # the momentum as it is once a skipped step's payload is put back
+        self.momentum.settled(self._trainable())  # a host momentum: its last copies landed
         return super().state_dict()
 
     def load_state_dict(self, state_dict) -> None:
         self._settle()
+        # The momentum in its own dtype and place, not cast to the parameter's by torch.
+        state_dict, momenta = self.momentum.split_off(state_dict, self.param_groups)
         super().load_state_dict(state_dict)
-        self.momentum.after_load(self.state, self._trainable())
+        self.momentum.adopt(self.state, momenta)
         self._restore_lookahead()
         self._mirror_replicated()
 

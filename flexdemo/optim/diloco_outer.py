@@ -34,10 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.optim.sgd import sgd
 
-from flexdemo.local import local_tensor
+from flexdemo.local import like_param, local_tensor
 
 
 @dataclass
@@ -123,16 +122,6 @@ def entry_keys(entries: list[Entry], prefix: str, replica_prefix: str) -> list[s
             keys.append(f"{replica_prefix}error_feedback.{e.name}")
         keys.append(f"{replica_prefix}local.{e.name}")
     return keys
-
-
-def like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """``local`` as a tensor shaped like ``param``: a DTensor with the parameter's sharding whose
-    local shard IS ``local`` (on whatever device it lives), or ``local`` itself. DTensor.from_local
-    would move a host tensor to the mesh's device; the constructor (as FSDP2 uses it for its
-    CPU-offloaded shards) keeps it in place, so DCP reads and writes the state's own storage."""
-    if not isinstance(param, DTensor):
-        return local
-    return DTensor(local, param._spec, requires_grad=False)
 
 
 def copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:

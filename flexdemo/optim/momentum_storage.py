@@ -19,6 +19,12 @@ tensor, a seed from the parameter's index and a counter saved with the optimizer
 :mod:`flexdemo.wire.stochastic_rounding`), not a random generator's stream. So they are the same
 whatever the FSDP/TP layout (a sharded run rounds as an unsharded one, and a checkpoint resumed
 on another layout continues them), and a resumed run repeats the uninterrupted one.
+
+With ``device="cpu"`` the momentum lives in pinned host memory (0 bytes per parameter on the
+GPU): each step streams it through the same bounded fp32 working copies (host to GPU, the
+encode, GPU to host, in order on the current stream), so the payload and the parameters are the
+same bits as with the momentum on the GPU. It costs a read and a write of the momentum over the
+host link every step (twice with the sharded exchange's give-back).
 """
 
 from __future__ import annotations
@@ -28,11 +34,12 @@ import torch
 from flexdemo.kernels import INTERPRET
 from flexdemo.kernels.common import HAVE_TRITON
 from flexdemo.kernels.rounding import fused_stochastic_round
-from flexdemo.local import local_tensor
+from flexdemo.local import like_param, local_tensor
 from flexdemo.optim.bounded_groups import bounded_groups
 from flexdemo.wire.stochastic_rounding import Box, box_of, rounding_seed, stochastic_round_torch
 
 MOMENTUM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MOMENTUM_DEVICES = ("device", "cpu")
 
 # Elements widened to fp32 at a time: bounds the working copy to a few hundred MB whatever the
 # bucket's size (a single larger tensor is widened alone).
@@ -40,12 +47,20 @@ CHUNK_ELEMENTS = 1 << 25
 
 # The key of the rounding's counter in each parameter's optimizer state.
 COUNTER = "rounding_step"
+# The optimizer-state keys this storage owns (loaded by it, not by torch's cast to the parameter).
+KEYS = ("delta", COUNTER)
 
 
 def check_momentum_dtype(name) -> torch.dtype:
     if name not in MOMENTUM_DTYPES:
         raise ValueError(f"DeMo: momentum_dtype must be one of {tuple(MOMENTUM_DTYPES)}, got {name!r}")
     return MOMENTUM_DTYPES[name]
+
+
+def check_momentum_device(name) -> str:
+    if name not in MOMENTUM_DEVICES:
+        raise ValueError(f"DeMo: momentum_device must be one of {MOMENTUM_DEVICES}, got {name!r}")
+    return name
 
 
 def round_into(out: torch.Tensor, x: torch.Tensor, box: Box, seed: int, fused: bool = True) -> None:
@@ -62,14 +77,20 @@ class MomentumStorage:
     """DeMo's momentum ``state[p]["delta"]`` in ``dtype``, through the compressor's select and
     restore. ``bind`` it to the trainable parameters (again when they change)."""
 
-    def __init__(self, dtype: str, fused: bool):
+    def __init__(self, dtype: str, fused: bool, device: str = "device"):
         self.dtype = check_momentum_dtype(dtype)
+        self.offload = check_momentum_device(device) == "cpu"
         self.fused = fused
         self._place: dict[int, tuple[int, Box]] = {}  # id(param) -> (index, box): layouts never change
 
     @property
     def low_precision(self) -> bool:
         return self.dtype != torch.float32
+
+    @property
+    def streamed(self) -> bool:
+        """Whether a step works on fp32 copies of the stored momentum (bf16 or on the host)."""
+        return self.low_precision or self.offload
 
     def bind(self, params: list[torch.Tensor]) -> None:
         """Each parameter's place among ``params`` (the same on every replica and layout: part of
@@ -79,15 +100,15 @@ class MomentumStorage:
     def create(self, p: torch.Tensor, state: dict) -> torch.Tensor:
         if "delta" not in state:
             # Shaped like the parameter (a DTensor if it is one) so DCP can save and reshard it.
-            state["delta"] = torch.zeros_like(p, dtype=self.dtype)
+            state["delta"] = self._stored(p, torch.zeros((), dtype=self.dtype))
             if self.low_precision:  # the rounding's counter: a resumed run draws the same bits
                 state[COUNTER] = torch.zeros((), dtype=torch.int64)
         return state["delta"]
 
     def select(self, comp, bucket, states, grads, **kw) -> tuple[torch.Tensor, torch.Tensor]:
         """``comp.select`` over the bucket's momentum (``states``: param -> its state); a bf16 one is
-        widened a bounded chunk of members at a time and rounded back."""
-        if not self.low_precision:
+        widened (or brought from the host) a bounded chunk of members at a time and put back."""
+        if not self.streamed:
             return comp.select(bucket, [local_tensor(states[m.param]["delta"]) for m in bucket.members], grads, **kw)
         parts = []
         for members in self._chunks(bucket):
@@ -98,7 +119,7 @@ class MomentumStorage:
 
     def restore(self, comp, bucket, states, idx: torch.Tensor, vals: torch.Tensor) -> None:
         """``comp.restore``: give back to the bucket's momentum what ``idx``/``vals`` took out."""
-        if not self.low_precision:
+        if not self.streamed:
             comp.restore(bucket, idx, vals, [local_tensor(states[m.param]["delta"]) for m in bucket.members])
             return
         for members in self._chunks(bucket):
@@ -112,30 +133,80 @@ class MomentumStorage:
             for p in params:
                 states[p][COUNTER] += 1
 
-    def after_load(self, states, params) -> None:
-        """torch's load_state_dict casts state to its parameter's dtype and device: a bf16 momentum
-        would come back fp32 (exactly, and twice the memory), the counter as an fp32 on the GPU
-        (read every step: a host sync). Both are put back; a momentum saved in fp32 and loaded into
-        a bf16 one is rounded to nearest once, with a fresh counter."""
-        for p in params:
-            state = states.get(p)
-            if not state or "delta" not in state:
+    def split_off(self, state_dict: dict, param_groups: list[dict]) -> tuple[dict, dict]:
+        """(``state_dict`` without this storage's keys, {param: its saved momentum and counter}).
+        torch's Optimizer.load_state_dict casts every state tensor to its parameter's dtype and
+        device, all at once: a bf16 momentum would come back fp32, a host one would land on the
+        GPU (a whole momentum there at once, what host memory is for), the counter as an fp32 on
+        the GPU (read every step: a host sync). So these keys are loaded by :meth:`adopt`."""
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in param_groups for p in g["params"]]
+        by_id = dict(zip(saved_ids, params))
+        rest, mine = {}, {}
+        for k, v in state_dict["state"].items():
+            if k in by_id and isinstance(v, dict):
+                rest[k] = {kk: vv for kk, vv in v.items() if kk not in KEYS}
+                mine[by_id[k]] = {kk: vv for kk, vv in v.items() if kk in KEYS}
+            else:
+                rest[k] = v
+        return {**state_dict, "state": rest}, mine
+
+    def adopt(self, states, saved: dict) -> None:
+        """Put the momenta :meth:`split_off` took into ``states``, in this storage's dtype and
+        place, one tensor at a time; a momentum saved in fp32 and loaded into a bf16 one is
+        rounded to nearest once, with a fresh counter."""
+        for p, keys in saved.items():
+            if "delta" not in keys:
                 continue
-            if state["delta"].dtype != self.dtype:
-                state["delta"] = state["delta"].to(self.dtype)
+            states[p]["delta"] = self._stored(p, local_tensor(keys["delta"]))
             if self.low_precision:
-                state[COUNTER] = state.get(COUNTER, torch.zeros(())).to(device="cpu", dtype=torch.int64)
+                states[p][COUNTER] = keys.get(COUNTER, torch.zeros(())).to(device="cpu", dtype=torch.int64)
+
+    def settled(self, params) -> None:
+        """Wait for the momentum's copies to the host, before anything reads it there (a state
+        dict saved by DCP)."""
+        if self.offload and params and local_tensor(params[0]).is_cuda:
+            torch.cuda.current_stream(local_tensor(params[0]).device).synchronize()
+
+    def _stored(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """A momentum for ``p`` holding ``value`` (its local shard's shape, or a scalar to fill
+        with) in this storage's dtype, on the parameter's device or in pinned host memory; shaped
+        like ``p`` (a DTensor if it is one), so DCP can save and reshard it."""
+        local = local_tensor(p)
+        device = "cpu" if self.offload else local.device
+        out = torch.empty(local.shape, dtype=self.dtype, device=device,
+                          pin_memory=self.offload and local.is_cuda)
+        out.copy_(value.expand(local.shape) if value.dim() == 0 else value)
+        return like_param(out, p)
 
     def _chunks(self, bucket) -> list[list[int]]:
         return bounded_groups([local_tensor(m.param).numel() for m in bucket.members], CHUNK_ELEMENTS)
 
     def _widened(self, bucket, states, members: list[int]) -> list[torch.Tensor]:
-        return [local_tensor(states[bucket.members[i].param]["delta"]).float() for i in members]
+        """Fp32 working copies of the members' momenta, on the parameters' device (always new
+        tensors when on the host, so the step never writes the stored momentum in place)."""
+        out = []
+        for i in members:
+            p = bucket.members[i].param
+            stored = local_tensor(states[p]["delta"])
+            if not self.offload:
+                out.append(stored.float())
+                continue
+            work = torch.empty(stored.shape, dtype=torch.float32, device=local_tensor(p).device)
+            out.append(work.copy_(stored, non_blocking=True))
+        return out
 
     def _round_back(self, bucket, states, members: list[int], work: list[torch.Tensor], phase: int) -> None:
         for i, w in zip(members, work):
             p = bucket.members[i].param
-            index, box = self._place[id(p)]
             state = states[p]
-            round_into(local_tensor(state["delta"]), w, box, rounding_seed(index, int(state[COUNTER]), phase),
-                       fused=self.fused)
+            stored = local_tensor(state["delta"])
+            if not self.low_precision:  # fp32 on the host: the working copy goes back as it is
+                stored.copy_(w, non_blocking=True)
+                continue
+            index, box = self._place[id(p)]
+            # On the host the rounding runs on the GPU into a bf16 copy, which then goes down.
+            out = torch.empty_like(w, dtype=self.dtype) if self.offload else stored
+            round_into(out, w, box, rounding_seed(index, int(state[COUNTER]), phase), fused=self.fused)
+            if self.offload:
+                stored.copy_(out, non_blocking=True)

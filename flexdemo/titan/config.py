@@ -92,6 +92,11 @@ class FlexDemo:
     layouts and resumed runs draw the same bits), so increments smaller than bf16's spacing are
     kept on average rather than lost (flexdemo.optim.momentum_storage)."""
 
+    momentum_device: StateDevice = "device"
+    """demo: where DeMo's momentum lives: "device" (beside the parameters) or "cpu" (pinned host
+    memory: 0 bytes per parameter on the GPU; each step streams it through the GPU and back, the
+    same bits, at the cost of a read and a write of it over the host link)."""
+
     overlap: bool = False
     """demo: apply each step's exchanged update one step later, so the exchange runs while the
     next forward/backward computes (the gradient then lags the update by one step). It costs

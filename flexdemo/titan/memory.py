@@ -142,7 +142,7 @@ def gathered_elements(shapes, tp: int) -> int:
 @dataclass(frozen=True)
 class StateBytes:
     device: int  # bytes per parameter element on the GPU
-    host: int  # bytes per parameter element in host memory (outer_state_device = "cpu")
+    host: int  # bytes per parameter element in host memory (outer_state_device / momentum_device = "cpu")
 
 
 def optimizer_state_bytes(cfg) -> StateBytes:
@@ -153,7 +153,10 @@ def optimizer_state_bytes(cfg) -> StateBytes:
         return StateBytes(adam, 0)
     if cfg.mode == "demo":  # DeMo's momentum "delta"; lookahead keeps the common parameters too
         momentum = MOMENTUM_BYTES[cfg.momentum_dtype]
-        return StateBytes(momentum + (PARAM_BYTES if cfg.overlap and cfg.overlap_lookahead else 0), 0)
+        base = PARAM_BYTES if cfg.overlap and cfg.overlap_lookahead else 0
+        if cfg.momentum_device == "cpu":
+            return StateBytes(base, momentum)
+        return StateBytes(momentum + base, 0)
     if cfg.mode not in DILOCO_MODES:
         raise ValueError(f"no optimizer-state model for mode {cfg.mode!r}")
     # DiLoCo (flexdemo.optim.diloco_outer.new_entry): global copy, outer momentum when
@@ -240,7 +243,7 @@ class MemoryEstimate:
     compute_copies: int
     activations: int
     logits: int
-    host_state: int  # outer state in host memory: not in the GPU total
+    host_state: int  # optimizer state in host memory: not in the GPU total
     device_total: int | None  # None: no GPU visible, the fit is not judged
     device_name: str
     context: str  # what the estimate assumed, for the line
@@ -266,7 +269,7 @@ class MemoryEstimate:
         else:
             device = (f"device={gib(self.device_total)}GiB ({self.device_name}, "
                       f"{100 * self.total / self.device_total:.0f}% used, limit {FIT_FRACTION:.0%})")
-        host = f" host_state={gib(self.host_state)}GiB (outer state in host memory, not in total)" \
+        host = f" host_state={gib(self.host_state)}GiB (optimizer state in host memory, not in total)" \
             if self.host_state else ""
         return f"flexdemo: memory per GPU (estimate): {' '.join(parts)} {device}{host} [{self.context}]"
 

@@ -108,10 +108,11 @@ def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: Paral
         "sharded_topk": cfg.sharded_topk,
         "index_coding": cfg.index_coding,
         "momentum_dtype": cfg.momentum_dtype,
+        "momentum_device": cfg.momentum_device,
     }
     logger.info(
         f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
-        f"values={cfg.value_encoding}, momentum={cfg.momentum_dtype}, "
+        f"values={cfg.value_encoding}, momentum={cfg.momentum_dtype} on {cfg.momentum_device}, "
         f"overlap={cfg.overlap}{', lookahead' if cfg.overlap_lookahead else ''}, "
         f"exchange={describe_exchange(cfg, cfg.topk)}) "
         f"over dp_replicate={parallel_dims.dp_replicate}"
@@ -189,7 +190,8 @@ def describe_exchange(c: FlexDemo, topk: int) -> str:
 # [flexdemo] keys each mode reads (mode itself and the replica check: all of them).
 _DEMO_KEYS = ("topk", "chunk", "decay", "value_encoding", "weight_decay", "overlap", "kernel_precision",
               "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips", "exchange",
-              "sharded_topk", "overlap_lookahead", "index_coding", "momentum_dtype")
+              "sharded_topk", "overlap_lookahead", "index_coding", "momentum_dtype",
+              "momentum_device")
 _OUTER_KEYS = ("sync_interval", "outer_lr", "outer_momentum", "outer_nesterov", "outer_value_encoding",
                "outer_state_device", "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips")
 _KEYS_USED = {
