@@ -135,3 +135,21 @@ def test_on_cuda_the_momentum_is_pinned_on_the_host_and_the_bits_are_the_same(dt
     assert all(d.is_cuda for d in d_dev)
     assert all(d.device.type == "cpu" and d.is_pinned() for d in d_host)
     assert held_dev - held_host >= sum(d.numel() * d.element_size() for d in d_host)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("where", ["device", "cpu"])
+def test_loading_a_momentum_already_in_place_keeps_its_tensor(where, dtype):
+    """DCP loads a checkpoint into the state's own tensors, then hands them to load_state_dict: a
+    momentum already of the right dtype and place is kept, not copied (a copy would hold a second
+    momentum at once, on the GPU or in host memory); another dtype is converted."""
+    model = toy_mlp(0)
+    opt = DeMo(model.parameters(), momentum_device=where, momentum_dtype=dtype, **KW)
+    _train(model, opt, torch.Generator().manual_seed(3), 2)
+    before = {id(p): opt.state[p]["delta"].data_ptr() for p in model.parameters()}
+    opt.load_state_dict(opt.state_dict())
+    assert all(opt.state[p]["delta"].data_ptr() == before[id(p)] for p in model.parameters())
+    other = "float32" if dtype == "bfloat16" else "bfloat16"
+    converted = DeMo(model.parameters(), momentum_device=where, momentum_dtype=other, **KW)
+    converted.load_state_dict(opt.state_dict())
+    assert all(converted.state[p]["delta"].dtype == getattr(torch, other) for p in model.parameters())

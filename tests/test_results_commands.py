@@ -1,4 +1,4 @@
-"""Every command docs/results.md gives (its ```sh blocks) still parses and starts on today's code: a
+"""Every command docs/results.md and docs/planner.md give (their ```sh blocks) still parses and starts on today's code: a
 CPU dry run, no GPU and no training. `bash benchmarks/gpu.sh SUITE ...` and `bash benchmarks/recipe.sh
 STAGE ...` name a suite/stage those scripts have; the benchmark script behind each (runs.py,
 shaped_link.py, outer_step.py, elastic_outage.py, any `python3 benchmarks/X.py`) parses its
@@ -19,6 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "results.md"
+PAGES = (PAGE, REPO / "docs" / "planner.md")  # the planner's checks against the runs live on a page of their own
 PLOTS = REPO / "benchmarks" / "plots.sh"  # the page's plots, one plot.py call per line
 # The pre-flight module launch.sh runs (`"$PYTHON" -m MODULE CONFIG FLAGS`); read from launch.sh so a
 # move of the module follows it. The fallback is the one place to change if launch.sh stops naming it.
@@ -223,7 +224,7 @@ def run_checks(commands: list[list[str]]) -> list[str]:
 
 
 def test_every_command_on_the_results_page_parses_on_todays_code():
-    commands = page_commands(PAGE.read_text())
+    commands = [c for page in PAGES for c in page_commands(page.read_text())]
     assert len(commands) >= 20, "the page's ```sh blocks hold its commands"
     _, parses, jobs = plan(commands)
     assert len(jobs) >= 30 and len(parses) >= 15

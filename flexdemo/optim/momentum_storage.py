@@ -100,7 +100,7 @@ class MomentumStorage:
     def create(self, p: torch.Tensor, state: dict) -> torch.Tensor:
         if "delta" not in state:
             # Shaped like the parameter (a DTensor if it is one) so DCP can save and reshard it.
-            state["delta"] = self._stored(p, torch.zeros((), dtype=self.dtype))
+            state["delta"] = self._stored(p)
             if self.low_precision:  # the rounding's counter: a resumed run draws the same bits
                 state[COUNTER] = torch.zeros((), dtype=torch.int64)
         return state["delta"]
@@ -154,11 +154,14 @@ class MomentumStorage:
     def adopt(self, states, saved: dict) -> None:
         """Put the momenta :meth:`split_off` took into ``states``, in this storage's dtype and
         place, one tensor at a time; a momentum saved in fp32 and loaded into a bf16 one is
-        rounded to nearest once, with a fresh counter."""
+        rounded to nearest once, with a fresh counter. A tensor already in place (DCP loads into
+        the state's own tensors) is kept, not copied: a copy would hold a second momentum at once."""
         for p, keys in saved.items():
             if "delta" not in keys:
                 continue
-            states[p]["delta"] = self._stored(p, local_tensor(keys["delta"]))
+            saved_local = local_tensor(keys["delta"])
+            states[p]["delta"] = like_param(saved_local, p) if self._in_place(p, saved_local) \
+                else self._stored(p, saved_local)
             if self.low_precision:
                 states[p][COUNTER] = keys.get(COUNTER, torch.zeros(())).to(device="cpu", dtype=torch.int64)
 
@@ -168,15 +171,26 @@ class MomentumStorage:
         if self.offload and params and local_tensor(params[0]).is_cuda:
             torch.cuda.current_stream(local_tensor(params[0]).device).synchronize()
 
-    def _stored(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """A momentum for ``p`` holding ``value`` (its local shard's shape, or a scalar to fill
-        with) in this storage's dtype, on the parameter's device or in pinned host memory; shaped
-        like ``p`` (a DTensor if it is one), so DCP can save and reshard it."""
+    def _place_of(self, p: torch.Tensor) -> torch.device:
+        return torch.device("cpu") if self.offload else local_tensor(p).device
+
+    def _in_place(self, p: torch.Tensor, t: torch.Tensor) -> bool:
+        """Whether ``t`` can be ``p``'s momentum as it is: shape, dtype, place (pinned on the host)."""
         local = local_tensor(p)
-        device = "cpu" if self.offload else local.device
-        out = torch.empty(local.shape, dtype=self.dtype, device=device,
+        return (t.shape == local.shape and t.dtype == self.dtype and t.device == self._place_of(p)
+                and not (self.offload and local.is_cuda and not t.is_pinned()))
+
+    def _stored(self, p: torch.Tensor, value: torch.Tensor | None = None) -> torch.Tensor:
+        """A momentum for ``p`` holding ``value`` (its local shard's shape; None: zeros) in this
+        storage's dtype, on the parameter's device or in pinned host memory; shaped like ``p`` (a
+        DTensor if it is one), so DCP can save and reshard it."""
+        local = local_tensor(p)
+        out = torch.empty(local.shape, dtype=self.dtype, device=self._place_of(p),
                           pin_memory=self.offload and local.is_cuda)
-        out.copy_(value.expand(local.shape) if value.dim() == 0 else value)
+        if value is None:
+            out.zero_()
+        else:
+            out.copy_(value)
         return like_param(out, p)
 
     def _chunks(self, bucket) -> list[list[int]]:

@@ -123,8 +123,9 @@ LOSS_COSTS = (
     # SparseLoCo's recipe at outer lr 2 (--flexdemo.outer_lr 2.0 on the preset)
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 2.0},
-             (-0.086, -0.144), "small, W = 2, 3990 steps, results.md 10",
-             ("long_small_shared_h200/sparseloco_olr2_s1234", "long_small_shared_h200/sparseloco_olr2_s4321")),
+             (-0.086, -0.144, 0.029), "small, W = 2, 3990 steps, results.md 10",
+             ("long_small_shared_h200/sparseloco_olr2_s1234", "long_small_shared_h200/sparseloco_olr2_s4321",
+              "long_small_shared_h200/sparseloco_olr2_s5678")),
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 48,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 2.0},
              (-0.022, -0.081, 0.069), "small, W = 2, 3990 steps, results.md 10",
