@@ -342,8 +342,9 @@ def check_fit(estimate: MemoryEstimate, memory_check: str) -> str | None:
         return None
     what = (f"the estimated memory per GPU, {gib(estimate.total)} GiB, is over {FIT_FRACTION:.0%} of the "
             f"device's {gib(estimate.device_total)} GiB ({estimate.device_name}); lower "
-            "training.local_batch_size or seq_len, checkpoint activations, or shard more "
-            "(the estimate per term is on the memory line)")
+            "training.local_batch_size or seq_len, checkpoint activations, shard more, or keep the "
+            "optimizer state in host memory ([flexdemo] momentum_device / outer_state_device = \"cpu\"; "
+            "the estimate per term is on the memory line)")
     if memory_check == "refuse":
         raise FlexDemoConfigError(f"[flexdemo] config error: memory_check = \"refuse\": {what}")
     return f"flexdemo: WARNING: {what}; the run may run out of memory ([flexdemo] memory_check)"
