@@ -114,10 +114,12 @@ def run_mode(cfg: FlexDemo) -> tuple[float, float]:
                    momentum_dtype=cfg.momentum_dtype, momentum_device=cfg.momentum_device)
         backward(model)
         opt.step()
-        host = cfg.momentum_device == "cpu"
-        on_host = [s[k] for s in opt.state.values() for k in s if k == "delta" and host]
-        on_device = [s[k] for s in opt.state.values() for k in s if torch.is_tensor(s[k]) and not (k == "delta" and host)]
-        return per_element_state_bytes(model, on_device), per_element_state_bytes(model, on_host)
+        def on_host(key):
+            return key == "delta" and cfg.momentum_device == "cpu"
+
+        tensors = [(k, v) for s in opt.state.values() for k, v in s.items() if torch.is_tensor(v)]
+        return (per_element_state_bytes(model, [v for k, v in tensors if not on_host(k)]),
+                per_element_state_bytes(model, [v for k, v in tensors if on_host(k)]))
     inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if cfg.mode == "off":
         backward(model)
