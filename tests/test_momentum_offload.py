@@ -1,8 +1,8 @@
 """DeMo's momentum in host memory (momentum_device="cpu"): streamed through working copies every
 step, it must give the same bits as the momentum kept beside the parameters, in fp32 and bf16,
 through the sharded exchange's give-back, a skipped step, FSDP shards and a checkpoint moved
-between the two places. On CUDA (the GPU checks) it must also live in pinned host memory and
-leave the GPU's memory by its size."""
+between the two places. On CUDA (the GPU checks) it must also live in pinned host memory, leave
+the GPU's memory by its size, and keep its bits with its copies on side streams."""
 
 import copy
 import gc
@@ -140,6 +140,59 @@ def test_on_cuda_the_momentum_is_pinned_on_the_host_and_the_bits_are_the_same(dt
     assert all(d.is_cuda for d in d_dev)
     assert all(d.device.type == "cpu" and d.is_pinned() for d in d_host)
     assert held_dev - held_host >= sum(d.numel() * d.element_size() for d in d_host)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_at_most_three_chunks_of_working_copies_are_alive_at_once(dtype, monkeypatch):
+    """The working copies stay bounded however many chunks a bucket has: when a chunk's upload
+    starts, at most two earlier chunks' copies are still held (one being encoded, one going
+    down). Holding them until the pass ends would put the whole bucket's momentum on the GPU."""
+    import weakref
+
+    from flexdemo.optim import host_copies, momentum_storage
+
+    monkeypatch.setattr(momentum_storage, "CHUNK_ELEMENTS", 64 * 64)  # a chunk per tensor
+    uploads, most = [], [0]
+    real_upload = host_copies.HostCopies.upload
+
+    def counting_upload(self, pairs):
+        most[0] = max(most[0], sum(any(r() is not None for r in refs) for refs in uploads))
+        uploads.append([weakref.ref(dst) for dst, _ in pairs])
+        return real_upload(self, pairs)
+
+    monkeypatch.setattr(host_copies.HostCopies, "upload", counting_upload)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+    opt = DeMo(model.parameters(), momentum_device="cpu", momentum_dtype=dtype, **KW)
+    _train(model, opt, torch.Generator().manual_seed(1), 2)
+    assert len(uploads) >= 8 and 1 <= most[0] <= 2  # bf16: what goes down is the rounded copy
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the GPU checks)")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_cuda_chunks_copied_beside_the_encode_give_the_same_bits(dtype, monkeypatch):
+    """Many chunks per bucket, so the side streams really overlap (one chunk going up, one
+    encoded, one coming down) on tensors large enough for a missed wait to read a half-copied
+    buffer: the same parameters as with the momentum on the GPU, and the same momenta read at once
+    through the state dict (as a checkpoint reads them, with the last chunk's download just queued)."""
+    from flexdemo.optim import momentum_storage
+
+    monkeypatch.setattr(momentum_storage, "CHUNK_ELEMENTS", 1 << 20)
+    runs = []
+    for where in ("device", "cpu"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 2048), torch.nn.Tanh(),
+                                    *[m for _ in range(4) for m in (torch.nn.Linear(2048, 2048), torch.nn.Tanh())],
+                                    torch.nn.Linear(2048, 4096, bias=False)).cuda()
+        opt = DeMo(model.parameters(), momentum_device=where, momentum_dtype=dtype, **KW)
+        _train(model, opt, torch.Generator().manual_seed(7), 4)
+        # The last parameter first: its chunk's download is the one queued last.
+        saved = [s["delta"].clone() for s in reversed(list(opt.state_dict()["state"].values()))]
+        # Once the compute stream is done, so is every copy on the side streams.
+        idle = all(c.down.query() and c.up.query() for c in opt.momentum._links.values())
+        runs.append(([p.detach().cpu() for p in model.parameters()], [m.cpu() for m in saved], idle))
+    (p_dev, m_dev, _), (p_host, m_host, idle) = runs
+    assert _same(p_dev, p_host) and _same(m_dev, m_host)
+    assert idle
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -22,8 +22,9 @@ on another layout continues them), and a resumed run repeats the uninterrupted o
 
 With ``device="cpu"`` the momentum lives in pinned host memory (0 bytes per parameter on the
 GPU): each step streams it through the same bounded fp32 working copies (host to GPU, the
-encode, GPU to host, in order on the current stream), so the payload and the parameters are the
-same bits as with the momentum on the GPU. It costs a read and a write of the momentum over the
+encode, GPU to host; on CUDA the copies of neighbouring chunks run on side streams beside the
+encode: :mod:`flexdemo.optim.host_copies`), so the payload and the parameters are the same bits
+as with the momentum on the GPU. It costs a read and a write of the momentum over the
 host link every step (twice with the sharded exchange's give-back).
 """
 
@@ -36,6 +37,7 @@ from flexdemo.kernels.common import HAVE_TRITON
 from flexdemo.kernels.rounding import fused_stochastic_round
 from flexdemo.local import like_param, local_tensor
 from flexdemo.optim.bounded_groups import bounded_groups
+from flexdemo.optim.host_copies import HostCopies
 from flexdemo.wire.stochastic_rounding import Box, box_of, rounding_seed, stochastic_round_torch
 
 MOMENTUM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -82,6 +84,7 @@ class MomentumStorage:
         self.offload = check_momentum_device(device) == "cpu"
         self.fused = fused
         self._place: dict[int, tuple[int, Box]] = {}  # id(param) -> (index, box): layouts never change
+        self._links: dict[torch.device, HostCopies] = {}  # per device: the side streams of host copies
 
     @property
     def low_precision(self) -> bool:
@@ -111,10 +114,8 @@ class MomentumStorage:
         if not self.streamed:
             return comp.select(bucket, [local_tensor(states[m.param]["delta"]) for m in bucket.members], grads, **kw)
         parts = []
-        for members in self._chunks(bucket):
-            work = self._widened(bucket, states, members)
-            parts.append(comp.select(bucket, work, [grads[i] for i in members], members=members, **kw))
-            self._round_back(bucket, states, members, work, phase=0)
+        self._each_chunk(bucket, states, 0, lambda members, work: parts.append(
+            comp.select(bucket, work, [grads[i] for i in members], members=members, **kw)))
         return torch.cat([i for i, _ in parts]), torch.cat([v for _, v in parts])
 
     def restore(self, comp, bucket, states, idx: torch.Tensor, vals: torch.Tensor) -> None:
@@ -122,10 +123,8 @@ class MomentumStorage:
         if not self.streamed:
             comp.restore(bucket, idx, vals, [local_tensor(states[m.param]["delta"]) for m in bucket.members])
             return
-        for members in self._chunks(bucket):
-            work = self._widened(bucket, states, members)
-            comp.restore(bucket, idx, vals, work, members=members)
-            self._round_back(bucket, states, members, work, phase=1)
+        self._each_chunk(bucket, states, 1, lambda members, work: comp.restore(
+            bucket, idx, vals, work, members=members))
 
     def count_step(self, states, params) -> None:
         """One step done: the next roundings draw new bits."""
@@ -196,31 +195,62 @@ class MomentumStorage:
     def _chunks(self, bucket) -> list[list[int]]:
         return bounded_groups([local_tensor(m.param).numel() for m in bucket.members], CHUNK_ELEMENTS)
 
-    def _widened(self, bucket, states, members: list[int]) -> list[torch.Tensor]:
-        """Fp32 working copies of the members' momenta, on the parameters' device (always new
-        tensors when on the host, so the step never writes the stored momentum in place)."""
-        out = []
-        for i in members:
-            p = bucket.members[i].param
-            stored = local_tensor(states[p]["delta"])
-            if not self.offload:
-                out.append(stored.float())
-                continue
-            work = torch.empty(stored.shape, dtype=torch.float32, device=local_tensor(p).device)
-            out.append(work.copy_(stored, non_blocking=True))
-        return out
+    def _each_chunk(self, bucket, states, phase: int, work_on) -> None:
+        """``work_on(members, work)`` over the bucket's momentum a bounded chunk of members at a
+        time, on fp32 working copies put back after. With the momentum on the host, the next
+        chunk's upload and the last one's download run beside this chunk's encode
+        (:mod:`flexdemo.optim.host_copies`): at most three chunks' copies at once."""
+        chunks = self._chunks(bucket)
+        if not self.offload:  # bf16 beside the parameters: widened and rounded back in place
+            for members in chunks:
+                work = [local_tensor(states[bucket.members[i].param]["delta"]).float() for i in members]
+                work_on(members, work)
+                self._round_back(bucket, states, members, work, phase)
+            return
+        copies = self._copies(local_tensor(bucket.members[0].param).device)
+        ahead = self._upload(copies, bucket, states, chunks[0])
+        coming_down = []  # (the download, its sources: kept alive until released)
+        for n, members in enumerate(chunks):
+            work, uploaded = ahead
+            copies.wait(uploaded)
+            while len(coming_down) > 1:  # at most the last chunk still going down
+                copies.release(coming_down.pop(0)[0])
+            if n + 1 < len(chunks):
+                ahead = self._upload(copies, bucket, states, chunks[n + 1])
+            work_on(members, work)
+            down = self._round_back(bucket, states, members, work, phase)
+            coming_down.append((copies.download(down), down))
+            del work, down
+        copies.finish()
 
-    def _round_back(self, bucket, states, members: list[int], work: list[torch.Tensor], phase: int) -> None:
+    def _copies(self, device: torch.device) -> HostCopies:
+        if device not in self._links:
+            self._links[device] = HostCopies(device)
+        return self._links[device]
+
+    def _upload(self, copies: HostCopies, bucket, states, members: list[int]):
+        """(new fp32 working copies of the members' host momenta on the parameters' device, the
+        upload filling them): the step never writes the stored momentum in place."""
+        stored = [local_tensor(states[bucket.members[i].param]["delta"]) for i in members]
+        device = local_tensor(bucket.members[members[0]].param).device
+        work = [torch.empty(t.shape, dtype=torch.float32, device=device) for t in stored]
+        return work, copies.upload(list(zip(work, stored)))
+
+    def _round_back(self, bucket, states, members: list[int], work: list[torch.Tensor], phase: int):
+        """Put the working copies back (bf16: stochastically rounded); with the momentum on the
+        host, returns the (host momentum, GPU tensor) copies still to go down."""
+        down = []
         for i, w in zip(members, work):
             p = bucket.members[i].param
             state = states[p]
             stored = local_tensor(state["delta"])
             if not self.low_precision:  # fp32 on the host: the working copy goes back as it is
-                stored.copy_(w, non_blocking=True)
+                down.append((stored, w))
                 continue
             index, box = self._place[id(p)]
             # On the host the rounding runs on the GPU into a bf16 copy, which then goes down.
             out = torch.empty_like(w, dtype=self.dtype) if self.offload else stored
             round_into(out, w, box, rounding_seed(index, int(state[COUNTER]), phase), fused=self.fused)
             if self.offload:
-                stored.copy_(out, non_blocking=True)
+                down.append((stored, out))
+        return down
