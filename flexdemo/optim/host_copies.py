@@ -7,7 +7,7 @@ Ordering, per pass (one select or restore over a bucket): an upload waits for ev
 compute stream has queued (its buffers come from the compute stream's allocator, and the host
 tensors' last writer is an earlier pass, finished below); the compute stream waits for the
 upload before using it; a download waits for the compute stream, and its sources are freed only
-after the compute stream has waited for it (:meth:`release`); ``finish`` makes the compute stream
+after the compute stream has waited for it; ``finish`` makes the compute stream
 wait for the downloads, so after a pass everything is ordered as if the copies
 had run on the compute stream itself. Off CUDA the copies simply run in place, in order."""
 
@@ -27,43 +27,35 @@ class HostCopies:
             self.down = torch.cuda.Stream(device)
 
     def upload(self, pairs: Pairs):
-        """Start the host -> GPU copies; returns what :meth:`wait` takes."""
-        if not self.cuda:
-            for dst, src in pairs:
-                dst.copy_(src)
-            return None
-        self.up.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.up):
-            for dst, src in pairs:
-                dst.copy_(src, non_blocking=True)
-        return self.up.record_event()
-
-    def wait(self, uploaded) -> None:
-        """The compute stream waits for an upload before it reads the copies."""
-        if uploaded is not None:
-            torch.cuda.current_stream(self.device).wait_event(uploaded)
+        """Start the host -> GPU copies; :meth:`wait` on the result before reading them."""
+        return self._copy(self.up, pairs) if self.cuda else self._copy_here(pairs)
 
     def download(self, pairs: Pairs):
-        """GPU -> host copies of what the compute stream has queued so far; returns what
-        :meth:`release` takes. The caller keeps the sources alive until then."""
-        if not self.cuda:
-            for dst, src in pairs:
-                dst.copy_(src)
-            return None
-        self.down.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.down):
-            for dst, src in pairs:
-                dst.copy_(src, non_blocking=True)
-        return self.down.record_event()
+        """GPU -> host copies of what the compute stream has queued so far. The caller keeps the
+        sources alive until it has :meth:`wait`-ed on the result: they are then freed in the
+        compute stream's order. (Not ``record_stream``: the allocator would then reuse a source
+        only once the copy is done by the host's clock, and the host runs a whole bucket ahead of
+        the GPU, so every chunk would get new memory.)"""
+        return self._copy(self.down, pairs) if self.cuda else self._copy_here(pairs)
 
-    def release(self, downloaded) -> None:
-        """The compute stream waits for a download, so its sources can be freed in the compute
-        stream's order. (Not ``record_stream``: the allocator would then reuse a source only once
-        the copy is done by the host's clock, and the host runs a whole bucket ahead of the GPU,
-        so every chunk would get new memory.)"""
-        if downloaded is not None:
-            torch.cuda.current_stream(self.device).wait_event(downloaded)
+    def wait(self, copied) -> None:
+        """The compute stream waits for an upload or a download."""
+        if copied is not None:
+            torch.cuda.current_stream(self.device).wait_event(copied)
 
     def finish(self) -> None:
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_stream(self.down)
+
+    def _copy(self, stream: torch.cuda.Stream, pairs: Pairs) -> torch.cuda.Event:
+        """The copies on ``stream``, after everything the compute stream has queued."""
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for dst, src in pairs:
+                dst.copy_(src, non_blocking=True)
+        return stream.record_event()
+
+    @staticmethod
+    def _copy_here(pairs: Pairs) -> None:
+        for dst, src in pairs:
+            dst.copy_(src)

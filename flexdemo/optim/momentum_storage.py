@@ -209,12 +209,12 @@ class MomentumStorage:
             return
         copies = self._copies(local_tensor(bucket.members[0].param).device)
         ahead = self._upload(copies, bucket, states, chunks[0])
-        coming_down = []  # (the download, its sources: kept alive until released)
+        coming_down = []  # (the download, its sources: kept alive until it is waited for)
         for n, members in enumerate(chunks):
             work, uploaded = ahead
             copies.wait(uploaded)
-            while len(coming_down) > 1:  # at most the last chunk still going down
-                copies.release(coming_down.pop(0)[0])
+            if len(coming_down) > 1:  # at most the last chunk still going down
+                copies.wait(coming_down.pop(0)[0])
             if n + 1 < len(chunks):
                 ahead = self._upload(copies, bucket, states, chunks[n + 1])
             work_on(members, work)
@@ -232,8 +232,7 @@ class MomentumStorage:
         """(new fp32 working copies of the members' host momenta on the parameters' device, the
         upload filling them): the step never writes the stored momentum in place."""
         stored = [local_tensor(states[bucket.members[i].param]["delta"]) for i in members]
-        device = local_tensor(bucket.members[members[0]].param).device
-        work = [torch.empty(t.shape, dtype=torch.float32, device=device) for t in stored]
+        work = [torch.empty(t.shape, dtype=torch.float32, device=copies.device) for t in stored]
         return work, copies.upload(list(zip(work, stored)))
 
     def _round_back(self, bucket, states, members: list[int], work: list[torch.Tensor], phase: int):
