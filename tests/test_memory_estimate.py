@@ -362,9 +362,9 @@ MEASURED = [
       "--flexdemo.momentum_dtype", "bfloat16", "--model.name", "flexdemo_qwen3", "--model.flavor", "14B",
       "--training.local_batch_size", "1"), 1, {"demo": 121.07}),
 ]
-# The estimate may lean high (it adds every term as if all were alive at once: safe for a
-# pre-flight that warns before running out), never low: at most 5% under a measured peak, 8% over
-# (8B with bf16 host momentum: +7.5%, its downloads being half the size of the working copies).
+# The estimate may lean further high than low (it adds every term as if all were alive at once,
+# the safe side for a pre-flight that warns before running out): at most 5% under a measured peak,
+# 8% over (8B with bf16 host momentum: +7.5%, its downloads being half the size of the working copies).
 UNDER, OVER = 0.05, 0.08
 
 
