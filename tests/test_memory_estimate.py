@@ -328,6 +328,12 @@ def test_preflight_prints_the_line(assets):
 
 # -- against peaks measured on GPUs (torchtitan's logged peak, reserved GiB) ---------------------
 
+ONE_GPU_8B = ("multinode_llama3_8b_flexdemo.toml", "--parallelism.data_parallel_replicate_degree", "1",
+              "--parallelism.data_parallel_shard_degree", "1")
+HOST = ("--flexdemo.momentum_device", "cpu")
+BF16 = ("--flexdemo.momentum_dtype", "bfloat16")
+QWEN3_14B = ("--model.name", "flexdemo_qwen3", "--model.flavor", "14B", "--training.local_batch_size", "1")
+
 MEASURED = [
     # 1B, 2 x H200, 2 replicas x 1 GPU (no FSDP: autocast), seq 2048 x 4, no AC:
     # docs/results/format5_1b_h200 (results.md, format 5's row)
@@ -344,23 +350,13 @@ MEASURED = [
     (("gpu_2gpu_flexdemo.toml", "--model.flavor", "1B", "--parallelism.data_parallel_replicate_degree", "1",
       "--flexdemo.momentum_dtype", "bfloat16"), 1, {"demo": 21.93}),
     # 8B, 1 x H200, one replica, seq 4096 x 2, full AC, no FSDP (autocast): docs/results/compute_h200
-    (("multinode_llama3_8b_flexdemo.toml", "--parallelism.data_parallel_replicate_degree", "1",
-      "--parallelism.data_parallel_shard_degree", "1"), 1, {"demo": 103.17, "off": 131.50}),
+    (ONE_GPU_8B, 1, {"demo": 103.17, "off": 131.50}),
     # the same with the momentum in host memory (bounded working copies beside the encode),
     # fp32 and bf16; and qwen3 14B so (batch 1, expandable segments): docs/results/host_momentum_overlap_h200
-    (("multinode_llama3_8b_flexdemo.toml", "--parallelism.data_parallel_replicate_degree", "1",
-      "--parallelism.data_parallel_shard_degree", "1", "--flexdemo.momentum_device", "cpu"), 1, {"demo": 74.96}),
-    (("multinode_llama3_8b_flexdemo.toml", "--parallelism.data_parallel_replicate_degree", "1",
-      "--parallelism.data_parallel_shard_degree", "1", "--flexdemo.momentum_device", "cpu",
-      "--flexdemo.momentum_dtype", "bfloat16"), 1, {"demo": 71.04}),
-    (("multinode_llama3_8b_flexdemo.toml", "--parallelism.data_parallel_replicate_degree", "1",
-      "--parallelism.data_parallel_shard_degree", "1", "--flexdemo.momentum_device", "cpu",
-      "--model.name", "flexdemo_qwen3", "--model.flavor", "14B", "--training.local_batch_size", "1"), 1,
-     {"demo": 120.13}),
-    (("multinode_llama3_8b_flexdemo.toml", "--parallelism.data_parallel_replicate_degree", "1",
-      "--parallelism.data_parallel_shard_degree", "1", "--flexdemo.momentum_device", "cpu",
-      "--flexdemo.momentum_dtype", "bfloat16", "--model.name", "flexdemo_qwen3", "--model.flavor", "14B",
-      "--training.local_batch_size", "1"), 1, {"demo": 121.07}),
+    ((*ONE_GPU_8B, *HOST), 1, {"demo": 74.96}),
+    ((*ONE_GPU_8B, *HOST, *BF16), 1, {"demo": 71.04}),
+    ((*ONE_GPU_8B, *HOST, *QWEN3_14B), 1, {"demo": 120.13}),
+    ((*ONE_GPU_8B, *HOST, *BF16, *QWEN3_14B), 1, {"demo": 121.07}),
 ]
 # The estimate may lean further high than low (it adds every term as if all were alive at once,
 # the safe side for a pre-flight that warns before running out): at most 5% under a measured peak,
