@@ -120,12 +120,22 @@ LOSS_COSTS = (
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 1.0},
              (0.189, 0.068), "small, W = 2, 3990 steps, results.md 10",
              ("long_small_shared_h200/sparseloco_s1234", "long_small_shared_h200/sparseloco_s4321")),
-    # SparseLoCo's recipe at outer lr 2 (--flexdemo.outer_lr 2.0 on the preset)
+    # SparseLoCo's recipe at outer lr 2 and 3 (--flexdemo.outer_lr on the preset)
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 2.0},
              (-0.086, -0.144, 0.029), "small, W = 2, 3990 steps, results.md 10",
              ("long_small_shared_h200/sparseloco_olr2_s1234", "long_small_shared_h200/sparseloco_olr2_s4321",
               "long_small_shared_h200/sparseloco_olr2_s5678")),
+    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64,
+                             "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 3.0},
+             (-0.112, -0.054, 0.006), "small, W = 2, 3990 steps, results.md 10",
+             ("long_small_shared_h200/sparseloco_olr3_s1234", "long_small_shared_h200/sparseloco_olr3_s4321",
+              "long_small_shared_h200/sparseloco_olr3_s5678")),
+    # about the same bytes as H = 30 top-64, one seed so far
+    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 16, "outer_topk": 32,
+                             "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 3.0},
+             (-0.030,), "small, W = 2, 3990 steps, results.md 10",
+             ("long_small_shared_h200/sparseloco_olr3_h16_top32_s5678",)),
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 48,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 2.0},
              (-0.022, -0.081, 0.069), "small, W = 2, 3990 steps, results.md 10",
