@@ -7,12 +7,15 @@ CSV summaries kept in docs/results/ (written from such logs by --extract).
   python3 benchmarks/plot.py --csv docs/results/1b_convergence/runs.csv --runs adamw,flexdemo --out DIR
   python3 benchmarks/plot.py --shaped docs/results/link_small_1gbit --out docs/plots/link_small_1gbit
   python3 benchmarks/plot.py --frontier docs/results/recipe_small/runs.csv --out docs/plots/recipe_small
+  python3 benchmarks/plot.py --frontier CSV --same-bits k8_ef_s1234=k8_s1234:BYTES --out DIR
 
 --frontier draws one point per run of a CSV (its last held-out loss against the bytes it received
 in total, log scale) and prints the same as a markdown table, each run's loss and bytes set
 against the baseline run (--baseline, default "adamw") of its seed (runs named NAME_sSEED, as
 benchmarks/recipe.sh names them) and its bytes against B, a bf16 ring all-reduce every step
 (half a baseline run's modelled fp32 counter; without one, against the baseline's own bytes).
+--same-bits adds a point for a run whose payload a lossless coding shrinks (Elias-Fano indices
+train bit for bit as fixed ones): that run's loss at the bytes counted with the coding.
 
 Validation losses (torchtitan's validator: the same held-out tokens for every method) are the
 lines; where a run has none, its training-batch losses are plotted instead, labelled so.  Bytes
@@ -228,10 +231,13 @@ def describe(name: str) -> str:
     return base
 
 
-def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str = "") -> tuple[Path, str]:
+def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str = "",
+             same_bits: tuple[tuple[str, str, int], ...] = ()) -> tuple[Path, str]:
     """Last held-out loss vs total bytes per run (a PNG), and the markdown table of the same.
     One marker shape and colour per setting (its code spelled out in the legend), filled for the
-    first seed and hollow for the others; the baseline's final loss per seed is the target line."""
+    first seed and hollow for the others; the baseline's final loss per seed is the target line.
+    ``same_bits``: (NAME, RUN, BYTES) points for a run sent with a lossless coding (Elias-Fano
+    indices: the same training bit for bit), RUN's loss at BYTES, named NAME in the table as such."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -242,6 +248,9 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
         last = max(run.validation)
         totals = _totals(run, [last])
         points[name] = (run.validation[last], totals.get(last), last)
+    for name, run, nbytes in same_bits:
+        points[name] = (points[run][0], nbytes, points[run][2])
+    recoded = {name: run for name, run, _ in same_bits}
     is_base = {n for n in points if n.split("_")[0] == baseline}
     # the target of a seed is the run named exactly BASELINE_sSEED; variants (adamw_lr5e-4_s1234)
     # are drawn as their own lines, never silently taken as the target
@@ -274,7 +283,8 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
         over = ring if ring else (ref[1] if ref else None)
         ratio = "-" if not (over and nbytes) else f"{over / nbytes:,.0f}x" if over >= 10 * nbytes else \
             f"{over / nbytes:.1f}x"
-        lines.append(f"| {name} | {loss:.4f} | {rel} | {nbytes:,.0f} | {ratio} |")
+        shown = f"{name} (the bits of {recoded[name]})" if name in recoded else name
+        lines.append(f"| {shown} | {loss:.4f} | {rel} | {nbytes:,.0f} | {ratio} |")
         if name in is_base:
             target = target_of[_seed(name)] == name  # the line the table's percentages are against
             ax.axhline(loss, ls="--" if target else (0, (1, 3)), lw=1.2,
@@ -378,6 +388,9 @@ def main() -> int:
     ap.add_argument("--frontier", default=None, metavar="CSV",
                     help="one point per run of this CSV: last held-out loss vs total bytes, and a table")
     ap.add_argument("--baseline", default="adamw", help="with --frontier: the baseline runs' name")
+    ap.add_argument("--same-bits", action="append", default=[], metavar="NAME=RUN:BYTES",
+                    help="with --frontier: a point for RUN sent with a lossless coding (Elias-Fano indices), "
+                         "its loss at BYTES received per rank in the whole run, named NAME; repeatable")
     ap.add_argument("--out", default="outputs/plots")
     ap.add_argument("--title", default="")
     ap.add_argument("--target-runs", default=None,
@@ -385,7 +398,15 @@ def main() -> int:
                          "(default: those named adamw*); with --shaped the target is results.json's")
     args = ap.parse_args()
     if args.frontier:
-        path, table = frontier(read_csv(Path(args.frontier)), Path(args.out), args.baseline, args.title)
+        runs = read_csv(Path(args.frontier))
+        same_bits = []
+        for spec in args.same_bits:
+            name, _, rest = spec.partition("=")
+            run, _, nbytes = rest.rpartition(":")
+            if not (name and nbytes.isdigit()) or run not in runs or name in runs:
+                ap.error(f"--same-bits {spec}: takes NAME=RUN:BYTES, RUN a run of {args.frontier}, NAME a new one")
+            same_bits.append((name, run, int(nbytes)))
+        path, table = frontier(runs, Path(args.out), args.baseline, args.title, tuple(same_bits))
         print(table)
         print(path)
         return 0

@@ -309,10 +309,13 @@ def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
             modelled = int(name.startswith("adamw"))  # AdamW's fp32 all-reduce counter is modelled
             f.write(f"{name},5,,,9.0,,,,,{nbytes // 2},{modelled}\n")  # an earlier validation, half the bytes
             f.write(f"{name},10,,,{loss},,,,,{nbytes},{modelled}\n")
-    path, table = plot.frontier(plot.read_csv(tmp_path / "runs.csv"), tmp_path / "out", "adamw")
+    # k8_s1 re-sent with a lossless coding at half its bytes: its loss, those bytes
+    path, table = plot.frontier(plot.read_csv(tmp_path / "runs.csv"), tmp_path / "out", "adamw",
+                                same_bits=(("k8_ef_s1", "k8_s1", 250),))
     assert path.is_file()
     assert "| B / it |" in table.splitlines()[0]
     lines = {row.split(" | ")[0].strip("| "): row.split(" | ")[1:] for row in table.splitlines()[2:]}
+    assert lines["k8_ef_s1 (the bits of k8_s1)"] == ["3.3000", "+10.0%", "250", "2,000x |"]
     # k8_s1 against adamw_s1: 3.3 / 3.0 = +10%; k8_s2 against adamw_s2. Bytes against B, a bf16
     # ring: half AdamW's fp32 counter (1e6 over 10 steps): 5e5.
     assert lines["k8_s1"] == ["3.3000", "+10.0%", "1,000", "500x |"]
@@ -320,6 +323,10 @@ def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
     assert lines["k8_1b_s2"] == ["2.0000", "-50.0%", "500", "1,000x |"]
     assert lines["adamw_s2"][1] == "+0.0%" and lines["adamw_s2"][3] == "0.5x |"
     assert lines["adamw_lr5e-4_s1"][1] == "-16.7%"
+    for bad in ("k8_ef_s1=nope_s1:250", "k8_ef_s1=k8_s1", "k8_s2=k8_s1:250"):  # no such run, no bytes, a taken name
+        r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot.py"), "--frontier", str(tmp_path / "runs.csv"),
+                            "--same-bits", bad, "--out", str(tmp_path / "out")], capture_output=True, text=True)
+        assert r.returncode == 2 and f"--same-bits {bad}: takes NAME=RUN:BYTES" in r.stderr, r.stderr
 
 
 def _elastic_log(path, steps, seconds, tps, participants=None, extra=()):

@@ -51,12 +51,12 @@ def test_elias_fano_trains_bit_identically_with_fewer_bytes(encoding, exchange, 
         assert max(b[1] for b in ef_bytes) < min(b[1] for b in fixed_bytes)
 
 
-def _outer_runs(rank, world, cycles):
+def _outer_runs(rank, world, cycles, settings):
     ends = {}
     for coding in ("fixed", "elias_fano"):
         params = make_params()
-        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, compression="topk",
-                       value_encoding="scaled_sign", topk=32, chunk=64, index_coding=coding)
+        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, compression="topk", chunk=64,
+                       index_coding=coding, **settings)
         inner = torch.optim.AdamW(params, lr=1e-2)
         outer.set_inner_optimizers([inner])
         for step in range(2 * cycles):
@@ -69,8 +69,14 @@ def _outer_runs(rank, world, cycles):
         ends["elias_fano"][1] < ends["fixed"][1]
 
 
-def test_demo_diloco_outer_step_with_elias_fano_is_the_fixed_one():
-    assert run_ranks(_outer_runs, 2, 3) == [(True, True), (True, True)]
+# DeMo-DiLoCo's DCT blocks, and SparseLoCo's raw blocks with 2-bit values (its preset at outer lr 3:
+# results.md 10)
+@pytest.mark.parametrize("settings", [
+    dict(value_encoding="scaled_sign", topk=32),
+    dict(value_encoding="two_bit", topk=64, transform="none", decay=0.95, outer_lr=3.0, outer_momentum=0.0,
+         nesterov=False)], ids=["dct_scaled_sign", "sparseloco"])
+def test_demo_diloco_outer_step_with_elias_fano_is_the_fixed_one(settings):
+    assert run_ranks(_outer_runs, 2, 3, settings) == [(True, True), (True, True)]
 
 
 def test_unknown_index_coding_is_refused():
