@@ -324,8 +324,9 @@ def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
     assert lines["adamw_s2"][1] == "+0.0%" and lines["adamw_s2"][3] == "0.5x |"
     assert lines["adamw_lr5e-4_s1"][1] == "-16.7%"
     for bad in ("k8_ef_s1=nope_s1:250", "k8_ef_s1=k8_s1", "k8_s2=k8_s1:250"):  # no such run, no bytes, a taken name
-        r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot.py"), "--frontier", str(tmp_path / "runs.csv"),
-                            "--same-bits", bad, "--out", str(tmp_path / "out")], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot.py"), "--frontier",
+                            str(tmp_path / "runs.csv"), "--same-bits", bad, "--out", str(tmp_path / "out")],
+                           capture_output=True, text=True)
         assert r.returncode == 2 and f"--same-bits {bad}: takes NAME=RUN:BYTES" in r.stderr, r.stderr
 
 

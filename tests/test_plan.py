@@ -170,7 +170,8 @@ def test_the_long_runs_loss_costs_are_their_data():
                     for folder, run in runs)
         assert cost.vs_adamw == got, cost
     # SparseLoCo's preset as shipped (run sparseloco_*), or with the flags its run names
-    # (sparseloco_olr2_*: --flexdemo.outer_lr 2.0; _top48: and --flexdemo.outer_topk 48; _h16: sync_interval;
+    # (sparseloco_olr2_*: --flexdemo.outer_lr 2.0; _top48: and --flexdemo.outer_topk 48; _h16_top32:
+    # sync_interval 16 and outer_topk 32;
     # docs/results/long_small_shared_h200/meta.json)
     preset = tomllib.loads((CONFIGS / "gpu_2gpu_sparseloco.toml").read_text())["flexdemo"]
     flags = {"sparseloco": {}, "sparseloco_olr2": {"outer_lr": 2.0},
