@@ -309,7 +309,7 @@ def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
             modelled = int(name.startswith("adamw"))  # AdamW's fp32 all-reduce counter is modelled
             f.write(f"{name},5,,,9.0,,,,,{nbytes // 2},{modelled}\n")  # an earlier validation, half the bytes
             f.write(f"{name},10,,,{loss},,,,,{nbytes},{modelled}\n")
-    # k8_s1 re-sent with a lossless coding at half its bytes: its loss, those bytes
+    # k8_s1 re-sent with a lossless coding at a quarter of its bytes: its loss, those bytes
     path, table = plot.frontier(plot.read_csv(tmp_path / "runs.csv"), tmp_path / "out", "adamw",
                                 same_bits=(("k8_ef_s1", "k8_s1", 250),))
     assert path.is_file()
