@@ -1,6 +1,9 @@
-"""`python -m flexdemo.data [--corpus stdlib|pysource] --out DIR`: build a corpus + the
+"""`python -m flexdemo.data [--corpus stdlib|pysource|pysource2] --out DIR`: build a corpus + the
 tokenizer once, before torchrun, and print the directory to use as `[model] hf_assets_path`
-(or `[training] dataset_path`)."""
+(or `[training] dataset_path`).
+
+`python -m flexdemo.data audit [--corpus NAME] [--config TOML] [--dp W]`: one line saying what the
+corpus's held-out set measures as the validator reads it (flexdemo.data.audit)."""
 
 import argparse
 import json
@@ -11,7 +14,7 @@ from .assets import CORPORA, ensure_assets, read_manifest
 from .tokenizer import VOCAB_SIZE
 
 
-def main(argv=None) -> int:
+def build(argv) -> int:
     parser = argparse.ArgumentParser(prog="python -m flexdemo.data", description=__doc__)
     parser.add_argument("--corpus", default="stdlib", choices=CORPORA)
     parser.add_argument("--out", default=None, help="assets directory (default: under $FLEXDEMO_CACHE or ~/.cache/flexdemo)")
@@ -25,6 +28,15 @@ def main(argv=None) -> int:
         print(f"ready in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     print(path)  # stdout carries only the path, for shell scripts: DIR=$(python -m flexdemo.data)
     return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["audit"]:
+        from .audit_cli import main as audit
+
+        return audit(argv[1:])
+    return build(argv)
 
 
 if __name__ == "__main__":

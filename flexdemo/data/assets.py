@@ -26,12 +26,19 @@ from pathlib import Path
 
 from .corpus import CORPUS_VERSION, build_corpus
 from .pysource import PYSOURCE_VERSION, build_pysource_corpus, environment_fingerprint
+from .pysource2 import PYSOURCE2_VERSION, build_pysource2_corpus
 from .tokenizer import VOCAB_SIZE, tokenizer_files, train_tokenizer
 
 CORPUS_FILE = "corpus.json"
 MANIFEST_FILE = "manifest.json"
 LOCK_FILE = ".build.lock"
-CORPORA = ("stdlib", "pysource")
+CORPORA = ("stdlib", "pysource", "pysource2")
+# corpus -> (rules version, builder)
+_BUILDERS = {
+    "stdlib": (CORPUS_VERSION, build_corpus),
+    "pysource": (PYSOURCE_VERSION, build_pysource_corpus),
+    "pysource2": (PYSOURCE2_VERSION, build_pysource2_corpus),
+}
 # Tokens are estimated from every SAMPLE_EVERY-th document (tokenizing all of pysource
 # takes minutes on 2 cores); the estimate is within ~1% of the count.
 SAMPLE_EVERY = 50
@@ -48,8 +55,8 @@ def default_assets_dir(corpus: str = "stdlib", vocab_size: int = VOCAB_SIZE) -> 
     )
     if corpus == "stdlib":
         tag = f"stdlib-v{CORPUS_VERSION}-py{platform.python_version()}-vocab{vocab_size}"
-    elif corpus == "pysource":
-        tag = f"pysource-v{PYSOURCE_VERSION}-{environment_fingerprint()}-vocab{vocab_size}"
+    elif corpus in _BUILDERS:
+        tag = f"{corpus}-v{_BUILDERS[corpus][0]}-{environment_fingerprint()}-vocab{vocab_size}"
     else:
         raise ValueError(f"unknown corpus {corpus!r}; expected one of {CORPORA}")
     return os.path.join(root, tag)
@@ -121,8 +128,8 @@ def _tokenizer(corpus: str, vocab_size: int, splits: dict[str, list[str]]):
 
 def _build(path: Path, vocab_size: int, corpus: str) -> None:
     start = time.perf_counter()
-    version = CORPUS_VERSION if corpus == "stdlib" else PYSOURCE_VERSION
-    splits = build_corpus() if corpus == "stdlib" else build_pysource_corpus()
+    version, build = _BUILDERS[corpus]
+    splits = build()
     corpus_bytes = json.dumps(
         {"version": version, "corpus": corpus, **splits}, ensure_ascii=False, separators=(",", ":")
     ).encode("utf-8")

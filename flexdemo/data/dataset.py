@@ -17,12 +17,17 @@ DATASET_NAME = "flexdemo_stdlib"
 VALIDATION_DATASET_NAME = "flexdemo_stdlib_validation"
 PYSOURCE_DATASET_NAME = "flexdemo_pysource"
 PYSOURCE_VALIDATION_DATASET_NAME = "flexdemo_pysource_validation"
+# The comparison corpus (flexdemo.data.pysource2): held out by installed distribution, decontaminated.
+PYSOURCE2_DATASET_NAME = "flexdemo_pysource2"
+PYSOURCE2_VALIDATION_DATASET_NAME = "flexdemo_pysource2_validation"
 # dataset name -> (corpus, split)
 SPLITS = {
     DATASET_NAME: ("stdlib", "train"),
     VALIDATION_DATASET_NAME: ("stdlib", "validation"),
     PYSOURCE_DATASET_NAME: ("pysource", "train"),
     PYSOURCE_VALIDATION_DATASET_NAME: ("pysource", "validation"),
+    PYSOURCE2_DATASET_NAME: ("pysource2", "train"),
+    PYSOURCE2_VALIDATION_DATASET_NAME: ("pysource2", "validation"),
 }
 
 # The root logger, which is torchtitan's logger: lines look like torchtitan's own.

@@ -231,6 +231,14 @@ def build_tokenizer(job_config: JobConfig) -> BaseTokenizer:
     return tokenizer
 
 
+def assets_dir_for_validation(job_config: JobConfig, corpus: str) -> str:
+    """Where the validator reads ``corpus``: ``[validation] dataset_path``, else the directory the
+    training loader chose for it, else the default cache."""
+    if job_config.validation.dataset_path:
+        return ensure_assets(job_config.validation.dataset_path, corpus=corpus)
+    return _last_assets_dir.get(corpus) or ensure_assets(corpus=corpus)
+
+
 def _hf_loader(corpus: str, split: str):
     """Loader for torchtitan's DATASETS registry (used by its validator)."""
 

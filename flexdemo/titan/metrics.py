@@ -45,6 +45,7 @@ from flexdemo.local import local_tensor
 from flexdemo.optim.nonfinite import RepeatedSkipsError, SkipStreak, describe_nonfinite
 
 from .config import replica_local_loss
+from .heldout import build_heldout_dataloader, is_embedded_validation
 
 
 class ExchangeMeter:
@@ -338,11 +339,15 @@ class ConsensusValidator:
 
 
 def wrap_validator_builder(build_validator: Callable[..., Any]) -> Callable[..., Any]:
-    """The family's ``build_validator_fn``, its validator wrapped when the key asks for it."""
+    """The family's ``build_validator_fn``: for flexdemo's held-out splits its loader is the fixed
+    windows of flexdemo.titan.heldout; its validator is rewound when the key asks for it."""
 
     def build(*args, **kwargs):
         validator = build_validator(*args, **kwargs)
         job_config = kwargs.get("job_config", args[0] if args else None)
+        if is_embedded_validation(job_config):
+            validator.validation_dataloader = build_heldout_dataloader(
+                job_config, kwargs["dp_world_size"], kwargs["dp_rank"], kwargs["tokenizer"])
         section = getattr(job_config, "flexdemo", None)
         if section is not None and section.validation_same_batches:
             return SameBatchesValidator(validator)
