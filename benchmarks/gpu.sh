@@ -27,6 +27,9 @@
 #   large [PART...]       issue 35's large-model rows, 4 GPUs as 2 replicas x 2: 8b_long (per-step demo vs
 #                         AdamW-HSDP, 300 steps, held-out loss), 8b_layouts (TP 2 vs FSDP 2 in a replica,
 #                         the DiLoCo modes), 14b (qwen3 14B per mode, 30 steps); seq 4096, batch 1, full AC
+#   corpus                the comparison corpus (pysource2) built from this machine's packages, timed, and its
+#                         audit at 1, 2 and 4 data-parallel ranks of the comparison configs (corpus.txt);
+#                         run first in a session: the training suites then find it in the cache
 #   detach SUITE [ARGS] [+ SUITE [ARGS]]...  the suites one after another in the background, in a session
 #                         of its own (it outlives this call while the machine stays warm), results in
 #                         /tmp/detached/SUITE/
@@ -36,7 +39,7 @@
 #                         logs packed into $OUT/watch/runs_logs.tgz (benchmarks/watch_runs.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SUITE=${1:?usage: bash benchmarks/gpu.sh codec|step|outer|runs|link|checks|profile|elastic|large|detach|collect|watch [ARGS...]}
+SUITE=${1:?usage: bash benchmarks/gpu.sh codec|step|outer|runs|link|checks|profile|elastic|large|corpus|detach|collect|watch [ARGS...]}
 shift
 R="${OUT:-outputs}/$SUITE"
 mkdir -p "$R"
@@ -169,6 +172,13 @@ large)
       --common "${L[*]} $flags" "${v[@]}" 2>&1 | tail -12
   done
   ;;
+corpus)
+  ( time python3 -m flexdemo.data --corpus pysource2 --verbose ) > "$R/build.txt" 2>&1
+  tail -25 "$R/build.txt"
+  for dp in 1 2 4; do
+    echo "dp=$dp $(python3 -m flexdemo.data audit --config train_configs/gpu_2gpu_ddp_adamw.toml --dp $dp)"
+  done | tee "$R/corpus.txt"
+  ;;
 detach)
   # SUITE [ARGS] [+ SUITE [ARGS]]...: one after another; /tmp/detached/done once all have ended
   mkdir -p /tmp/detached && rm -f /tmp/detached/done
@@ -208,6 +218,6 @@ elastic)
   python3 benchmarks/elastic_outage.py --out "$R" --work outputs/elastic_runs "$@" 2>&1 | tail -40
   ;;
 *)
-  echo "unknown suite $SUITE: codec, step, outer, runs, link, checks, profile, elastic, large, detach, collect or watch" >&2; exit 2 ;;
+  echo "unknown suite $SUITE: codec, step, outer, runs, link, checks, profile, elastic, large, corpus, detach, collect or watch" >&2; exit 2 ;;
 esac
 tar czf "${OUT:-outputs}/$SUITE.tgz" --exclude dumps -C "${OUT:-outputs}" "$SUITE"

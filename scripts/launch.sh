@@ -22,7 +22,7 @@
 #   FLEXDEMO_CACHE   the folder under which flexdemo's embedded corpus+tokenizer are built
 #                    (one subfolder per corpus, Python and vocabulary), once, here, before
 #                    torchrun, when the config needs them: its [model] hf_assets_path holds
-#                    no tokenizer and it trains on flexdemo_stdlib / flexdemo_pysource (or
+#                    no tokenizer and it trains on one of flexdemo_stdlib / _pysource / _pysource2 (or
 #                    names no path). A config's own tokenizer is always kept.
 #                    Default: ~/.cache/flexdemo. (FLEXDEMO_ASSETS, the built folder itself,
 #                    was removed: set FLEXDEMO_CACHE, or hf_assets_path to a folder built
