@@ -1,6 +1,7 @@
 """The planner (python -m flexdemo.plan): bytes against the wire format written out independently,
 predictions against the shaped-link runs on the results page, the README's table, bad input."""
 
+import dataclasses
 import functools
 import sys
 import tomllib
@@ -59,22 +60,37 @@ def test_predictions_are_within_20_percent_of_the_shaped_link_runs():
         assert abs(r.predicted_bytes / r.measured_bytes - 1) < 0.02, plan_check.markdown([r])
 
 
-def _row(mode, seconds, fits, worst=None):
-    loss = None if worst is None else LossCost(mode, {}, (worst,), "test")
+def _row(mode, seconds, fits, seeds=None, corpus=2):
+    loss = None if seeds is None else LossCost(mode, {}, tuple(seeds), "test", corpus=corpus)
     return Row(Variant(mode), "-", {}, 0.0, 0.0, seconds, 1.0, 0, fits, loss)
 
 
+TIGHT = (-0.011, -0.012, -0.010, -0.011)  # 95% interval about [-1.2%, -1.0%]
+
+
 def test_recommendation_skips_what_does_not_fit_or_costs_loss():
-    fast_no_fit = _row("demo", 0.1, False, worst=-0.011)
-    fast_lossy = _row("demo", 0.1, True, worst=0.24)  # sharded at W = 4
-    ok = _row("demo_diloco", 0.3, True, worst=-0.010)
+    fast_no_fit = _row("demo", 0.1, False, seeds=TIGHT)
+    fast_lossy = _row("demo", 0.1, True, seeds=(0.11, 0.24))  # sharded at W = 4
+    ok = _row("demo_diloco", 0.3, True, seeds=(-0.010, -0.011, -0.009))
     adamw = _row("off", 1.0, True)
     best, why = recommend([adamw, fast_no_fit, fast_lossy, ok])
     assert best is ok and "AdamW-HSDP's 1.000" in why
-    best, why = recommend([_row("off", 0.30, True), _row("demo", 0.296, True, worst=-0.011)])
+    best, why = recommend([_row("off", 0.30, True), _row("demo", 0.296, True, seeds=TIGHT)])
     assert best.variant.mode == "demo"  # as fast (within 2%) and a lower loss
     best, why = recommend([_row("off", 1.0, False), fast_no_fit])
     assert best is None and "fits" in why
+
+
+@pytest.mark.parametrize("seeds, corpus", [
+    ((-0.05,), 2),                      # one seed: no interval
+    ((-0.05, 0.005), 2),                # every seed within +1%, the interval's upper end far above
+    ((-0.041, -0.053, -0.06), 1),       # a tight interval on corpus version 1
+])
+def test_the_loss_rule_is_the_intervals_upper_end_on_the_comparison_corpus(seeds, corpus):
+    best, _ = recommend([_row("off", 1.0, True), _row("demo", 0.1, True, seeds=seeds, corpus=corpus)])
+    assert best.variant.mode == "off"
+    best, _ = recommend([_row("off", 1.0, True), _row("demo", 0.1, True, seeds=TIGHT)])
+    assert best.variant.mode == "demo"
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -111,6 +127,9 @@ def test_the_recommendation_fits_where_faster_modes_do_not():
     from flexdemo.plan.evidence import GPU_MEMORY
 
     rows, _ = plan_rows(jc, Cluster(2, 10.0, 0.0, 8, compute_step(jc, "H200").seconds, GPU_MEMORY["H200"], "H200"))
+    # as if every mode's loss met the rule: only memory decides
+    rows = [r if r.variant.mode == "off" else dataclasses.replace(r, loss=LossCost(r.variant.mode, {}, TIGHT, "test",
+                                                                                      corpus=2)) for r in rows]
     best, _ = recommend(rows)
     # the DiLoCo modes keep AdamW's 8 bytes of state per parameter: faster here, and out of memory
     assert any(r.fits is False and r.seconds_per_step < best.seconds_per_step for r in rows)
