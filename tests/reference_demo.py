@@ -34,15 +34,25 @@ def ref_dct_basis(n: int) -> torch.Tensor:
 
 
 def reference_block_topks(shape, topk, chunk):
-    """Per block: count the tensor's elements in it on a zero-padded mask of ones; k = that share
-    of chunk * chunk times topk, rounded half up, at least 1, at most the block's coefficients."""
+    """Per block: count the tensor's elements in it on a zero-padded mask of ones.
+
+    A 1-D tensor does what bloc97/DeMo's demo.py does with its ``1 x n`` blocks: a whole
+    ``chunk``-element chunk keeps ``topk``, clamped to the chunk's coefficients (its
+    ``_clamp_topk``); a chunk only partly inside the tensor (the edge of an FSDP shard, which the
+    reference never has) keeps that share of ``topk``: ``topk * elements / chunk``, rounded half
+    up, at least 1. A tensor of 2 or more dims: k = its share of chunk * chunk times topk, rounded
+    half up, at least 1, at most the block's coefficients."""
     x = torch.ones(shape if len(shape) >= 2 else (1, max(1, *shape) if shape else 1))
     x = x.reshape(-1, x.shape[-2], x.shape[-1])
     n1, n2 = min(x.shape[1], chunk), min(x.shape[2], chunk)
     x = F.pad(x, (0, -x.shape[2] % n2, 0, -x.shape[1] % n1))
     blocks = x.reshape(x.shape[0], x.shape[1] // n1, n1, x.shape[2] // n2, n2).transpose(2, 3)
-    areas = blocks.sum(dim=(-1, -2)).reshape(-1).tolist()
-    return [min(max(math.floor(topk * a / chunk**2 + 0.5), 1), n1 * n2) for a in areas]
+    areas = [int(a) for a in blocks.sum(dim=(-1, -2)).reshape(-1).tolist()]
+    if len(shape) <= 1:
+        wanted = [topk if a == chunk else math.floor(topk * a / chunk + 0.5) for a in areas]
+    else:
+        wanted = [math.floor(topk * a / chunk**2 + 0.5) for a in areas]
+    return [min(max(k, 1), n1 * n2) for k in wanted]
 
 
 def reference_payload_nbytes(shapes, topk, chunk, encoding):

@@ -1,4 +1,5 @@
-"""Each block keeps top-k scaled to its share of a full chunk x chunk block, so the bytes per
+"""Each block keeps top-k scaled to its share of a full block (chunk x chunk; a 1-D tensor's
+chunk elements, as the DeMo reference keeps top-k per 1-D chunk: format 6), so the bytes per
 parameter do not depend on how FSDP splits a tensor, small tensors included; blocks of
 different k travel as sub-streams that unpack to what was selected.
 
@@ -24,6 +25,61 @@ def test_each_block_keeps_its_share_of_the_top_k(shape, topk, chunk):
     want = reference_block_topks(shape, topk, chunk)
     assert list(per_block or [k] * layout.num_blocks) == want
     assert k == max(want) and (per_block is None) == (len(set(want)) == 1)
+
+
+# By hand, chunk 64 (half up: 2 x topk x valid + full, floor-divided by 2 x full). 1-D, full area
+# 64: a whole chunk keeps top-k (at most its 64 coefficients); 300 = 4 x 64 + 44, 44/64 of 32 =
+# 22; 7 elements (one 7-element block): 7/64 of 32 = 3.5 -> 4; 0-D: 1.
+# 2-D (and more), full area 4096: a 1 x 64 row keeps 64/4096 of 32 = 0.5 -> 1 (not the 1-D rule),
+# 100 x 130's bottom-right corner (36 x 2 of its 64 x 64) 72/4096 of 32 = 0.56 -> 1.
+HAND = [
+    ((2048,), 32, [32] * 32),
+    ((300,), 32, [32, 32, 32, 32, 22]),
+    ((300,), 96, [64, 64, 64, 64, 64]),  # 44/64 of 96 = 66 -> the block's 64 coefficients (zero-padded)
+    ((300,), 8, [8, 8, 8, 8, 6]),  # 44/64 of 8 = 5.5 -> 6
+    ((7,), 32, [4]),
+    ((), 32, [1]),
+    ((1, 64), 32, [1]),
+    ((64, 64), 32, [32]),
+    ((100, 130), 32, [32, 32, 1, 18, 18, 1]),  # 36 x 64 = 2304/4096 of 32 = 18
+]
+
+
+@pytest.mark.parametrize("shape,topk,want", HAND)
+def test_block_topks_by_hand(shape, topk, want):
+    k, per_block = block_topks(block_layout(shape, 64), topk)
+    assert list(per_block or [k] * block_layout(shape, 64).num_blocks) == want
+
+
+def _kept(shape, topk, chunk):
+    layout = block_layout(shape, chunk)
+    k, per_block = block_topks(layout, topk)
+    return sum(per_block) if per_block else k * layout.num_blocks
+
+
+@pytest.mark.parametrize("numel", [2048, 8192, 768, 4097, 1000, 300])
+@pytest.mark.parametrize("encoding", ["sign", "fp32"])
+def test_a_1d_tensor_keeps_as_many_coefficients_over_1_2_or_3_shards(numel, encoding):
+    # A norm weight or bias under FSDP (dim 0 cut like torch.chunk): the whole tensor keeps
+    # top-k x numel / chunk (rounded once per partial chunk); each shard's partial last chunk
+    # rounds its share once, so a split keeps within half a coefficient per shard of that. Its
+    # bytes differ by those coefficients and by each rank's own byte alignment of its streams.
+    topk, chunk = 32, 64
+    kept, nbytes = {}, {}
+    for shards in (1, 2, 3):
+        parts = [tuple(p.shape) for p in torch.empty(numel, device="meta").chunk(shards, 0)]
+        kept[shards] = sum(sum(reference_block_topks(p, topk, chunk)) for p in parts)
+        assert kept[shards] == sum(_kept(p, topk, chunk) for p in parts)
+        assert abs(kept[shards] - topk * numel / chunk) <= shards / 2, (shards, kept)
+        if all(p[0] % chunk == 0 for p in parts):  # whole chunks only: exactly top-k each
+            assert kept[shards] == topk * numel // chunk
+        nbytes[shards] = sum(payload_nbytes(block_layout(p, chunk), topk, encoding) for p in parts)
+    value_bits = 32 if encoding == "fp32" else 1
+    for shards in (2, 3):
+        # per rank at most two sub-streams (whole and partial chunks) of up to 3 byte-aligned
+        # parts (indices, values, voter counts): a byte each, and a voter count per block
+        slack = shards * 2 * 3 + shards
+        assert abs(nbytes[shards] - nbytes[1]) <= abs(kept[shards] - kept[1]) * (6 + value_bits) / 8 + slack, nbytes
 
 
 def _llama_debug_shapes():

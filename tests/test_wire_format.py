@@ -28,9 +28,11 @@ blocks above keeping k = 2 and k = 1 (block 1's second slot is then no vote), si
 sub-stream per k, the larger k first, each byte-aligned as above:
 - k = 2, block 0: indices 0xA3; signs 1, 0 -> 0x01; voter count 2 in bits_for(3) = 2 bits -> 0x02;
 - k = 1, block 1: index 5 -> 0x05; sign 0 -> 0x00; voter count 1 in bits_for(2) = 1 bit -> 0x01.
-These are format version 5 (3: the sharded exchange's owners send the means of 1-bit values as
-bf16; 4: Elias-Fano indices and two_bit values; 5: per-block top-k); a change to any of these
-bytes must bump WIRE_FORMAT_VERSION.
+These are format version 6 (3: the sharded exchange's owners send the means of 1-bit values as
+bf16; 4: Elias-Fano indices and two_bit values; 5: per-block top-k; 6: a 1-D tensor's chunks keep
+top-k x valid / chunk, which changes how many coefficients a 1-D block keeps, not how blocks of a
+given k are written: these vectors are 5's); a change to any of these bytes, or to how many
+coefficients a block keeps (tests/test_block_topk.py), must bump WIRE_FORMAT_VERSION.
 """
 
 import pytest
@@ -65,8 +67,8 @@ def sent(encoding):
     return scaled_signs(VALS) if encoding == "scaled_sign" else VALS
 
 
-def test_these_vectors_are_format_version_5():
-    assert WIRE_FORMAT_VERSION == 5
+def test_these_vectors_are_format_version_6():
+    assert WIRE_FORMAT_VERSION == 6
     # the owners' means (sharded exchange) are the bf16 vectors below for 1-bit values
     assert [means_encoding(e) for e in GOLDEN] == ["bf16", "bf16", "fp32", "bf16", "bf16"]
 

@@ -39,7 +39,7 @@ class Bucket:
     path: object = None  # set by the compressor: compression.paths' TorchPath or FusedPath
     index_coding: str = "fixed"  # how its indices travel (flexdemo.wire.format)
     per_block: BlockTopks | None = None  # ragged buckets: every block's own top-k (k is the largest)
-    topk: int = 0  # the configured top-k per full chunk x chunk block, which k is scaled from
+    topk: int = 0  # the configured top-k per full block (chunk x chunk; chunk of a 1-D tensor), k scaled from it
 
     @property
     def ragged(self) -> bool:
@@ -69,8 +69,9 @@ def build_plan(
     transform: str = "dct",
 ) -> tuple[list[Bucket], int]:
     """Buckets for ``local_shapes[g] = [(param, local shape, dtype), ...]`` per param group, each
-    group cut into ``chunks[g]`` blocks keeping ``topks[g]`` per full chunk x chunk block of its
-    ``transform`` (:class:`flexdemo.wire.dct.BlockLayout`).
+    group cut into ``chunks[g]`` blocks keeping ``topks[g]`` per full block of its ``transform``
+    (``chunk x chunk``, ``chunk`` elements of a 1-D tensor: :func:`flexdemo.wire.format.block_topks`;
+    :class:`flexdemo.wire.dct.BlockLayout`).
 
     Tensors with no elements (empty FSDP shards) send nothing and are left out.
     Returns the buckets in payload order and the total payload bytes.

@@ -13,6 +13,11 @@ no tensors) and
 * refuses a checkpoint of other settings (mode, top-k, chunk, encodings, overlap), or one written
   by another optimizer, with one clear message naming how to switch instead (start from its
   model only);
+* with overlap, refuses an exchange in flight written in another payload format (its bytes are
+  that format's; the tag names ``payload_format`` when overlap is on, from format 6: a tag
+  without it is format 5 or earlier). Without overlap the state holds no payload bytes (DeMo's
+  momentum and DiLoCo's state do not depend on how many coefficients a block keeps), so a
+  checkpoint of an earlier format loads and the next exchange is in this code's format;
 * maps the per-replica state (DeMo momentum, DiLoCo error feedback and local parameters, the
   inner optimizer's state) when the number of replicas changed: replica ``r`` of the new run
   takes saved replica ``r mod R_saved``'s own state (2 -> 4: replicas 2 and 3 start from copies
@@ -35,6 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
+
+from flexdemo.wire.format import WIRE_FORMAT_VERSION
 
 
 FORMAT_PREFIX = "flexdemo.format["
@@ -65,6 +72,8 @@ def format_tag(cfg) -> str:
             items.update(index_coding=cfg.index_coding)
         if cfg.momentum_dtype != "float32":  # a bf16 momentum and its rounding counter (named only when on)
             items.update(momentum_dtype=cfg.momentum_dtype)
+        if cfg.overlap:  # the exchange in flight is payload bytes: named from format 6 (none: 5 or earlier)
+            items.update(payload_format=WIRE_FORMAT_VERSION)
     elif cfg.mode in ("diloco", "demo_diloco"):
         items.update(outer_momentum=cfg.outer_momentum > 0, outer_value_encoding=cfg.outer_value_encoding)
         if cfg.mode == "demo_diloco":
@@ -136,6 +145,11 @@ def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | 
         raise error(f"checkpoint {path} was not written by a flexdemo optimizer (no flexdemo.format key); {switch}")
     saved_tag, saved_replicas, saved_shards = formats[0].group(1), int(formats[0].group(2)), int(formats[0].group(3))
     tag = format_tag(cfg)
+    saved_format, run_format = _payload_format(saved_tag), _payload_format(tag)
+    if saved_tag != tag and _without_payload_format(saved_tag) == _without_payload_format(tag) and run_format:
+        raise error(f"checkpoint {path} holds an exchange in flight (overlap) in payload format "
+                    f"{saved_format or '5 or earlier'}, this code sends and reads format {run_format}: resume it "
+                    f"with the flexdemo version that wrote it (finishing the exchange in flight), or {switch}")
     if saved_tag != tag:
         raise error(f"checkpoint {path} was written with [{saved_tag}], this run asks for [{tag}]; {switch}")
     if (saved_replicas, saved_shards) != (replicas, shards) and cfg.mode == "demo" and cfg.overlap:
@@ -143,6 +157,15 @@ def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | 
                     f"{saved_shards} shards; resume it on that topology")
     return Resume(path, formats[0].group(0).removeprefix("optimizer."), saved_replicas, saved_shards, keys,
                   elastic=bool(job_config.fault_tolerance.enable) and saved_replicas == 1)
+
+
+def _payload_format(tag: str) -> str | None:
+    """The payload format a tag names (overlap's exchange in flight, from format 6), else None."""
+    return next((item.split("=", 1)[1] for item in tag.split(",") if item.startswith("payload_format=")), None)
+
+
+def _without_payload_format(tag: str) -> str:
+    return ",".join(item for item in tag.split(",") if not item.startswith("payload_format="))
 
 
 def _check_data_position(job_config, path: str, every_key: set[str], replicas: int, shards: int, error) -> None:

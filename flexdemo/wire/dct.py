@@ -48,7 +48,7 @@ class BlockLayout:
     cols: int  # size of the last dim
     n1: int  # block height
     n2: int  # block width
-    chunk: int  # the target edge the blocks were cut for (a full block is chunk x chunk)
+    chunk: int  # the target edge the blocks were cut for (a full block: chunk x chunk; 1 x chunk if 1-D)
     transform: Transform = "dct"
 
     @property

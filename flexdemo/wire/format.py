@@ -28,11 +28,15 @@ The sharded exchange's second stream, an owner's means, is this format too, in
 :func:`means_encoding` (bf16 where the replicas send 1-bit values).
 
 How many coefficients a block keeps (:func:`block_topk`): the configured top-k is a count per
-full ``chunk x chunk`` block; a smaller block (a 1-D tensor's ``1 x chunk`` chunks, a tensor
-with fewer rows than ``chunk``, the partial edge blocks of an FSDP shard) keeps top-k scaled to
-its share of that area, rounded to nearest, at least 1. So bytes per parameter do not depend on
-how a tensor is split. A run of blocks whose k differ (a shard ending in a partial row of blocks)
-travels as one sub-stream per k, largest k first (:class:`BlockTopks`), each in the layout below.
+full block, ``chunk x chunk`` of a 2-D tensor (a tensor of more dims is viewed as ``lead x rows x
+cols``), ``chunk`` elements of a 1-D one (norm weights, biases: a full 64-element chunk keeps
+top-k, clamped to its 64 coefficients, as the DeMo reference keeps it on ``1 x n`` blocks); a
+smaller block (a 2-D tensor with fewer rows than ``chunk``, the partial edge blocks of an FSDP
+shard, a 1-D shard's partial last chunk) keeps top-k scaled to its share of that full area
+(its elements inside the tensor / the full area), rounded half up, at least 1, at most its
+coefficients. So bytes per parameter do not depend on how FSDP splits a tensor. A run of blocks
+whose k differ (a shard ending in a partial row of blocks) travels as one sub-stream per k,
+largest k first (:class:`BlockTopks`), each in the layout below.
 
 So ``nbytes = ceil(B*k*bits/8) + value bytes``; for 64x64 blocks, k=32 and sign values that
 is 52.75 bytes per 4096 elements (56.75 with scaled_sign). The writers and readers of these
@@ -58,7 +62,9 @@ SCALE_NBYTES = 4  # one fp32 scale per block (scaled_sign; two of them: two_bit)
 COUNTED_ENCODINGS = ("sign", "scaled_sign", "two_bit")  # values sent voters first, with a voter count per block
 # The payload format's version: part of the replicas' start-up agreement, so ranks that would
 # read each other's bytes differently refuse to start. Bump it with any change to the bytes.
-WIRE_FORMAT_VERSION = 5  # 5: top-k scaled to each block's share of chunk x chunk
+# 5: top-k scaled to each block's share of chunk x chunk. 6: a 1-D tensor's full area is chunk
+# (its chunks keep top-k x valid / chunk, as the DeMo reference); 2-D and more as in 5.
+WIRE_FORMAT_VERSION = 6
 # Each replica's payload ends with one flag byte: 1 = it saw a non-finite value (every replica
 # then skips, or stops, alike).
 FLAG_BYTES = 1
@@ -94,21 +100,28 @@ def clamp_topk(topk: int, block_numel: int) -> int:
     return min(max(int(topk), 1), block_numel)
 
 
-def block_topk(topk: int, area: int, chunk: int, block_numel: int) -> int:
+def full_block_area(layout: BlockLayout) -> int:
+    """The elements of a full block, which the configured top-k is a count for: ``chunk`` for a
+    1-D (or 0-D) tensor, whose blocks are ``1 x chunk`` chunks; ``chunk**2`` for a tensor of 2 or
+    more dims (viewed as ``lead x rows x cols``), also where it has fewer rows than ``chunk``."""
+    return layout.chunk if len(layout.shape) <= 1 else layout.chunk * layout.chunk
+
+
+def block_topk(topk: int, area: int, block_numel: int, *, full_area: int) -> int:
     """Coefficients kept of one block with ``area`` elements inside the tensor: ``topk`` (a count
-    per full ``chunk x chunk`` block) times ``area / chunk**2``, rounded half up, at least 1 and at
-    most the block's ``block_numel`` coefficients."""
-    full = chunk * chunk
-    return clamp_topk((2 * int(topk) * area + full) // (2 * full), block_numel)
+    per full block of ``full_area`` elements, :func:`full_block_area`) times ``area / full_area``,
+    rounded half up, at least 1 and at most the block's ``block_numel`` coefficients."""
+    return clamp_topk((2 * int(topk) * area + full_area) // (2 * full_area), block_numel)
 
 
 def block_topks(layout: BlockLayout, topk: int) -> tuple[int, tuple[int, ...] | None]:
     """``(k, per_block)``: the top-k of ``layout``'s largest blocks, and each block's own top-k
     in block order when they differ (partial edge blocks), else None."""
+    full = full_block_area(layout)
     if not layout.padded or not layout.numel:  # every block full-sized: one k (no per-block list)
-        return block_topk(topk, layout.block_numel, layout.chunk, layout.block_numel), None
+        return block_topk(topk, layout.block_numel, layout.block_numel, full_area=full), None
     areas = layout.block_areas()
-    ks = tuple(block_topk(topk, a, layout.chunk, layout.block_numel) for a in areas)
+    ks = tuple(block_topk(topk, a, layout.block_numel, full_area=full) for a in areas)
     k = max(ks)
     return k, (ks if min(ks) != k else None)
 
@@ -194,7 +207,7 @@ def blocks_nbytes(num_blocks: int, k: int, per_block: BlockTopks | None, block_n
 
 def payload_nbytes(layout: BlockLayout, topk: int, encoding: str, index_coding: str = "fixed") -> int:
     """Bytes one rank sends for one tensor (0 for an empty local shard), ``topk`` per full
-    ``chunk x chunk`` block (:func:`block_topks`)."""
+    block (``chunk x chunk``; ``chunk`` elements of a 1-D tensor: :func:`block_topks`)."""
     k, per_block = block_topks(layout, topk)
     return blocks_nbytes(layout.num_blocks, k, BlockTopks(per_block) if per_block else None, layout.block_numel,
                          encoding, index_coding)
