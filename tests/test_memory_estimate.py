@@ -335,20 +335,13 @@ BF16 = ("--flexdemo.momentum_dtype", "bfloat16")
 QWEN3_14B = ("--model.name", "flexdemo_qwen3", "--model.flavor", "14B", "--training.local_batch_size", "1")
 
 MEASURED = [
-    # 1B, 2 x H200, 2 replicas x 1 GPU (no FSDP: autocast), seq 2048 x 4, no AC:
-    # docs/results/format5_1b_h200 (results.md, format 5's row)
-    (("gpu_2gpu_flexdemo.toml", "--model.flavor", "1B", "--training.seq_len", "2048",
-      "--training.local_batch_size", "4"), 2, {"demo": 23.7, "off": 31.4}),
     # 8B, 4 x H100, 2 replicas x 2 FSDP shards, seq 4096 x 2, full AC (the project's notes:
     # "AdamW-HSDP ... at 76.4 GiB per GPU; flexdemo ... at 66.0 GiB")
     (("multinode_llama3_8b_flexdemo.toml", "--parallelism.data_parallel_shard_degree", "2"), 4,
      {"demo": 66.0, "off": 76.4}),
-    # 1B, 1 x H200, one replica (W = 1), seq 1024 x 8, no AC, fp32 and bf16 momentum:
-    # docs/results/momentum_bf16_1b_h200 (results.md 8.1, speed_* runs)
+    # 1B, 1 x H200, one replica (W = 1), seq 1024 x 8, no AC: docs/results/compute_h200
     (("gpu_2gpu_flexdemo.toml", "--model.flavor", "1B", "--parallelism.data_parallel_replicate_degree", "1"), 1,
      {"demo": 23.71}),
-    (("gpu_2gpu_flexdemo.toml", "--model.flavor", "1B", "--parallelism.data_parallel_replicate_degree", "1",
-      "--flexdemo.momentum_dtype", "bfloat16"), 1, {"demo": 21.93}),
     # 8B, 1 x H200, one replica, seq 4096 x 2, full AC, no FSDP (autocast): docs/results/compute_h200
     (ONE_GPU_8B, 1, {"demo": 103.17, "off": 131.50}),
     # the same with the momentum in host memory (bounded working copies beside the encode),
