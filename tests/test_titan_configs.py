@@ -65,6 +65,18 @@ def test_demo_lr_checked_before_any_rank_starts(lr):
     validate_job_config(_job("--optimizer.lr", "1e-3", config="cpu_2x2_flexdemo.toml"), 4)
 
 
+def test_flexdemos_held_out_splits_are_not_continued():
+    from flexdemo.titan.config import FlexDemoConfigError, validate_job_config
+
+    job = _job("--validation.enable", "--validation.dataset", "flexdemo_stdlib_validation",
+               "--flexdemo.no-validation-same-batches", config="cpu_2x2_flexdemo.toml")
+    with pytest.raises(FlexDemoConfigError, match="validation_same_batches=false .* fixed windows"):
+        validate_job_config(job, 4)
+    job = _job("--validation.enable", "--validation.dataset", "c4_validation", "--flexdemo.no-validation-same-batches",
+               config="cpu_2x2_flexdemo.toml")
+    validate_job_config(job, 4)  # torchtitan's datasets: its own continuing loader, as asked
+
+
 def _job(*overrides, config="cpu_2x2_diloco.toml"):
     from torchtitan.config import ConfigManager
 

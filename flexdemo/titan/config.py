@@ -20,6 +20,7 @@ from typing import Literal, Union, get_args
 from torchtitan.config.job_config import JobConfig as _TitanJobConfig
 
 from flexdemo.compression.compressor import Exchange, KernelPrecision
+from flexdemo.data.dataset import is_embedded_dataset
 from flexdemo.optim.diloco_args import DENSE_ENCODINGS, TOPK_ENCODINGS, StateDevice, TopkEncoding
 from flexdemo.wire.dct import Transform
 from flexdemo.wire.format import IndexCoding, ValueEncoding
@@ -115,9 +116,10 @@ class FlexDemo:
     which checkpoints keep in the optimizer state."""
 
     validation_same_batches: bool = True
-    """With [validation] enabled: every validation scores the same held-out batches (torchtitan's
-    validator otherwise continues its dataloader, so each validation scores different text).
-    false = torchtitan's behaviour."""
+    """With [validation] enabled on a dataset of torchtitan's: every validation scores the same
+    held-out batches (torchtitan's validator otherwise continues its dataloader, so each validation
+    scores different text). false = torchtitan's behaviour. flexdemo's held-out splits are always
+    read as the same fixed windows (docs/data.md): false is refused for them."""
 
     replica_check_interval: ReplicaCheckInterval = "auto"
     """Every N steps verify that all replicas hold bit-identical parameters (0 = never). "auto":
@@ -335,6 +337,10 @@ def validate_job_config(job_config, world_size: int | None) -> None:
         _fail(f"optimizer.lr={lr!r}; mode 'demo' needs a finite lr > 0 (the size of DeMo's sign step)")
     if job_config.optimizer.early_step_in_backward:
         _fail("optimizer.early_step_in_backward is not supported by the flexdemo train specs")
+    if job_config.validation.enable and not c.validation_same_batches and is_embedded_dataset(job_config.validation.dataset):
+        _fail(f"validation_same_batches=false with [validation] dataset {job_config.validation.dataset!r}: flexdemo's "
+              "held-out splits are read as the same fixed windows at every validation (docs/data.md); remove the "
+              "key, or validate on another dataset")
     if job_config.fault_tolerance.enable:
         check_elastic(job_config, _fail)
     if c.mode not in SEPARATE_REPLICA_MODES:
