@@ -271,7 +271,9 @@ def _skip_gives_back(rank, world, bad_step):
     """A non-finite gradient on one replica skips the step (nonfinite="skip"); what each replica sent
     goes back into its momentum when the flags are read (DeMo._give_back, MomentumStorage.restore).
     Against an fp32 momentum handed the same state before every step: the same parameters, and
-    after the give-back a momentum within one bf16 step (at the tensor's largest value) of the fp32 one."""
+    after the give-back a momentum within two bf16 steps (at the tensor's largest value) of the fp32
+    one: it was rounded twice, after the encode took the sent part out and after the give-back put
+    it back, each within one step (the fp32 one's two operations cancel exactly)."""
     pairs = (low, opt_low), (_, opt_ref) = _low_and_ref(**KW)
     gen = torch.Generator().manual_seed(100 + rank)
     for step in range(bad_step + 1):
@@ -285,4 +287,4 @@ def _skip_gives_back(rank, world, bad_step):
 def test_a_skipped_steps_give_back_is_rounded_into_the_bf16_momentum():
     for skipped, unchanged, params_equal, worst in run_ranks(_skip_gives_back, 2, 3):
         assert skipped and unchanged and params_equal
-        assert worst <= 1.0, worst
+        assert worst <= 2.0, worst

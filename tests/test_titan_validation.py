@@ -1,6 +1,8 @@
-"""[flexdemo] validation_same_batches: torchtitan's own Validator, run for real on one CPU
-process, scores the same held-out batches at every validation when the key is on, and (its
-stock behaviour, which the key exists for) different ones when it is off."""
+"""Validation: torchtitan's own Validator, run for real on one CPU process. flexdemo's held-out
+splits are read as the same fixed windows at every validation (flexdemo.titan.heldout); for a
+dataset of torchtitan's, [flexdemo] validation_same_batches rewinds its loader so that every
+validation scores the same batches, where (its stock behaviour, which the key exists for) it
+moves on to different ones."""
 
 import contextlib
 
@@ -13,15 +15,32 @@ from flexdemo.titan.data import register_torchtitan_datasets
 from flexdemo.titan.metrics import SameBatchesValidator, wrap_validator_builder
 
 register_torchtitan_datasets()  # torchtitan's validator finds flexdemo's splits by name
+# A dataset of torchtitan's own (its loader, not flexdemo's windows): the same text, another name.
+TITAN_DATASET = "plain_text_validation"
 
 
-def _job_config(assets, same_batches: bool):
+@pytest.fixture(autouse=True)
+def titan_dataset(assets):
+    from datasets import Dataset
+    from torchtitan.hf_datasets import DatasetConfig
+    from torchtitan.hf_datasets import text_datasets as tt_text
+
+    from flexdemo.data import load_corpus
+
+    tt_text.DATASETS[TITAN_DATASET] = DatasetConfig(
+        path="", loader=lambda path: Dataset.from_dict({"text": load_corpus(assets)["validation"]}),
+        sample_processor=lambda s: s["text"])
+    yield
+    del tt_text.DATASETS[TITAN_DATASET]
+
+
+def _job_config(assets, same_batches: bool, dataset: str = TITAN_DATASET):
     from torchtitan.config import ConfigManager
 
     return ConfigManager().parse_args([
         "--job.custom_config_module", "flexdemo.titan.config",
         "--model.hf_assets_path", str(assets),
-        "--validation.enable", "--validation.dataset", VALIDATION_DATASET_NAME,
+        "--validation.enable", "--validation.dataset", dataset,
         "--validation.dataset_path", str(assets),
         "--validation.seq_len", "64", "--validation.local_batch_size", "2", "--validation.steps", "3",
         f"--flexdemo.{'' if same_batches else 'no-'}validation_same_batches",
@@ -59,12 +78,12 @@ def on_cpu(monkeypatch):
     monkeypatch.setattr("torchtitan.tools.utils.device_type", "cpu")
 
 
-def _validation_losses(assets, same_batches: bool, times: int = 3) -> list[float]:
+def _validation_losses(assets, same_batches: bool, times: int = 3, dataset: str = TITAN_DATASET) -> list[float]:
     from torchtitan.components.tokenizer import build_hf_tokenizer
     from torchtitan.components.validate import build_validator
     from torchtitan.distributed import ParallelDims
 
-    cfg = _job_config(assets, same_batches)
+    cfg = _job_config(assets, same_batches, dataset)
     tok = build_hf_tokenizer(cfg)
     torch.manual_seed(0)
     model = TinyLM(tok.get_vocab_size())  # unchanged between validations
@@ -86,6 +105,13 @@ def _validation_losses(assets, same_batches: bool, times: int = 3) -> list[float
 def test_every_validation_scores_the_same_batches(assets):
     same = _validation_losses(assets, same_batches=True)
     assert len(same) == 3 and same[0] == same[1] == same[2]
+
+
+def test_flexdemos_held_out_split_is_the_same_windows_without_the_rewind(assets):
+    # (validation_same_batches = false is refused for these splits by the config check; the
+    # loader alone reads from window 0 at every validation.)
+    ours = _validation_losses(assets, same_batches=False, dataset=VALIDATION_DATASET_NAME)
+    assert len(ours) == 3 and ours[0] == ours[1] == ours[2]
 
 
 def test_torchtitans_own_validator_moves_on_to_new_batches(assets):

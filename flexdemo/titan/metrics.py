@@ -31,6 +31,7 @@ parameters instead of this replica's look-ahead.
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -341,13 +342,16 @@ class ConsensusValidator:
 def wrap_validator_builder(build_validator: Callable[..., Any]) -> Callable[..., Any]:
     """The family's ``build_validator_fn``: for flexdemo's held-out splits its loader is the fixed
     windows of flexdemo.titan.heldout; its validator is rewound when the key asks for it."""
+    positional = [p.name for p in inspect.signature(build_validator).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
     def build(*args, **kwargs):
         validator = build_validator(*args, **kwargs)
-        job_config = kwargs.get("job_config", args[0] if args else None)
+        given = {**dict(zip(positional, args)), **kwargs}  # torchtitan passes them by keyword
+        job_config = given.get("job_config")
         if is_embedded_validation(job_config):
             validator.validation_dataloader = build_heldout_dataloader(
-                job_config, kwargs["dp_world_size"], kwargs["dp_rank"], kwargs["tokenizer"])
+                job_config, given["dp_world_size"], given["dp_rank"], given["tokenizer"])
         section = getattr(job_config, "flexdemo", None)
         if section is not None and section.validation_same_batches:
             return SameBatchesValidator(validator)
