@@ -101,7 +101,7 @@ def method_config(method: str, flavor: str, sync_interval: int):
 
 def checks() -> list[Check]:
     from flexdemo.plan.model import Cluster, Variant, plan_row
-    from flexdemo.titan.config import DILOCO_MODES
+    from flexdemo.modes import mode_of
 
     out = []
     for folder, (flavor, nodes, gbit) in SETS.items():
@@ -113,7 +113,7 @@ def checks() -> list[Check]:
             adamw, adamw_from = quiet_step(runs["diloco"], h), "diloco's inner steps"
         for method, m in res["methods"].items():
             jc = method_config(method, flavor, h)
-            diloco = jc.flexdemo.mode in DILOCO_MODES
+            diloco = mode_of(jc.flexdemo).outer is not None
             compute, compute_from = (quiet_step(runs[method], h), "its inner steps") if diloco else (adamw, adamw_from)
             row = plan_row(jc, Variant(jc.flexdemo.mode), Cluster(nodes, gbit, 0.0, 1, compute, None, "-"))
             measured = measured_step(runs[method], h if diloco else 1)

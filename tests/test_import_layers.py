@@ -27,6 +27,7 @@ RANKS = {
     "flexdemo.replica_check": 3,  # the replicas-identical check (uses compression.exchange)
     "flexdemo.optim": 3,  # DeMo, DiLoCo
     "flexdemo.elastic": 3,  # torchft's Manager as a ReplicaGroup (nothing below imports it)
+    "flexdemo.modes": 3.5,  # the mode registry: what each mode reads, checks, builds, records (no torchtitan)
     "flexdemo": 4,  # flexdemo/__init__.py: the public names
     "flexdemo.titan": 4,  # the torchtitan plugin
     "flexdemo.plan": 5,  # the cluster planner: reads configs and memory estimates through the plugin

@@ -5,6 +5,8 @@ faster link then buys nothing)."""
 
 from __future__ import annotations
 
+from flexdemo.modes import mode_of
+
 from .evidence import LOSS_TOLERANCE
 from .model import Row, variant_keys
 
@@ -14,7 +16,7 @@ TIE = 1.02  # step times within 2% count as equal
 def eligible(row: Row) -> bool:
     if row.fits is False:
         return False
-    if row.variant.mode == "off":
+    if mode_of(row.variant).reference:
         return True
     return row.loss is not None and row.loss.within(LOSS_TOLERANCE)
 
@@ -26,9 +28,10 @@ def recommend(rows: list[Row]) -> tuple[Row | None, str]:
         return None, "no mode fits this GPU's memory with a held-out loss shown within +1% of AdamW's"
     fastest = min(r.seconds_per_step for r in ok)
     close = [r for r in ok if r.seconds_per_step <= TIE * fastest]
-    best = min(close, key=lambda r: (0.0 if r.variant.mode == "off" else r.loss.interval.high, r.seconds_per_step))
-    adamw = next((r for r in rows if r.variant.mode == "off"), None)
-    if best.variant.mode == "off":
+    best = min(close, key=lambda r: (0.0 if mode_of(r.variant).reference else r.loss.interval.high,
+                                     r.seconds_per_step))
+    adamw = next((r for r in rows if mode_of(r.variant).reference), None)
+    if mode_of(best.variant).reference:
         if len(ok) == 1:
             return best, ("no other mode fits with a held-out loss shown within +1% of AdamW's (the 95% interval "
                           "over paired seeds on the comparison corpus)")

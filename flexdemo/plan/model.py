@@ -31,7 +31,8 @@ from flexdemo.optim.bounded_groups import bounded_groups
 from flexdemo.optim.diloco_args import WIRE_DTYPES
 from flexdemo.optim.diloco_dense import DENSE_BUCKET_ELEMENTS
 from flexdemo.titan import memory
-from flexdemo.titan.config import DILOCO_MODES, FlexDemoConfigError, validate_job_config
+from flexdemo.modes import mode_of
+from flexdemo.titan.config import FlexDemoConfigError, validate_job_config
 
 from .evidence import FUSED_ENCODINGS, OUTER_STEP, LossCost, demo_step_extra, loss_cost
 
@@ -73,7 +74,7 @@ class Row:
     def line(self) -> str:
         name = f" preset={self.variant.preset}" if self.variant.preset else ""
         loss = f" loss_vs_adamw={self.loss.text()}" if self.loss else \
-            (" loss_vs_adamw=reference" if self.variant.mode == "off" else " loss_vs_adamw=unmeasured")
+            (" loss_vs_adamw=reference" if mode_of(self.variant).reference else " loss_vs_adamw=unmeasured")
         fit = "" if self.fits is None else (" fits" if self.fits else " does_not_fit")
         return (f"mode={self.variant.mode} exchange={self.exchange} bytes_per_rank_per_step={self.bytes_per_rank_per_step:.0f} "
                 f"seconds_per_step={self.seconds_per_step:.4f} tokens_per_s_per_gpu={self.tokens_per_s_per_gpu:.0f} "
@@ -127,7 +128,7 @@ def variant_keys(cfg, v: Variant) -> list[tuple[str, object]]:
     """The [flexdemo] keys the variant sets on ``cfg``: its mode, its keys and, in the DiLoCo
     modes, a replica check interval the config accepts for its H."""
     keys = [("mode", v.mode), *v.keys]
-    if v.mode in DILOCO_MODES:
+    if mode_of(v).outer is not None:
         h = dict(v.keys).get("sync_interval", cfg.sync_interval)
         keys.append(("replica_check_interval", check_interval(cfg.replica_check_interval, h)))
     return keys
@@ -144,16 +145,9 @@ def variant_config(job_config, v: Variant, c: Cluster):
     return jc
 
 
-def _settings(cfg, mode: str) -> dict:
-    if mode == "off":
-        return {}
-    if mode == "demo":
-        keys = ("exchange", "topk", "value_encoding", "overlap")
-    elif mode == "diloco":
-        keys = ("sync_interval", "outer_value_encoding")
-    else:
-        keys = ("exchange", "sync_interval", "outer_topk", "outer_value_encoding", "outer_transform", "outer_lr")
-    return {k: getattr(cfg, k) for k in keys}
+def _settings(cfg) -> dict:
+    """The row's values of the keys its mode's measured loss depends on."""
+    return {k: getattr(cfg, k) for k in mode_of(cfg).loss_keys}
 
 
 def compressed_traffic(shapes, chunk: int, topk: int, encoding: str, index_coding: str, transform: str,
@@ -186,13 +180,14 @@ def plan_row(job_config, v: Variant, c: Cluster) -> Row:
     numel = sum(math.prod(s) for s in shapes)
     half_rtt = c.rtt_ms / 2000
     compute, hidden_by = c.compute_seconds, 0.0  # the share of the compute the link can run beside
-    if v.mode == "off":
+    spec = mode_of(v)
+    if not spec.separate_replicas:  # HSDP
         reduce = TORCH_DTYPE_MAP[jc.training.mixed_precision_reduce].itemsize
         received = hsdp_allreduce_bytes(numel, W, reduce)
         units = memory.shapes_of(jc).n_layers + 1  # one all-reduce per FSDP unit (layers, head)
         latency = units * 2 * (W - 1) * half_rtt
         exchange, hidden_by, per = "-", 2 / 3, 1  # the all-reduce runs beside the backward
-    elif v.mode == "demo":
+    elif spec.outer is None:  # a compressed exchange every step
         received = compressed_traffic(shapes, cfg.chunk, cfg.topk, cfg.value_encoding, cfg.index_coding, "dct",
                                       cfg.exchange, cfg.sharded_topk, W)
         hops = (W - 1) + (1 if cfg.exchange == "sharded" else 0)  # sharded: an all_to_all, then an all_gather
@@ -201,7 +196,7 @@ def plan_row(job_config, v: Variant, c: Cluster) -> Row:
         total = sum(math.prod(shape) for _, shape in memory.shapes_of(jc).params)
         compute += demo_step_extra(jc.model.flavor, numel, total) * (2 if cfg.exchange == "sharded" else 1)
         hidden_by = 1.0 if cfg.overlap else 0.0  # the exchange runs beside the next step
-    elif v.mode == "diloco":
+    elif spec.outer == "dense":
         received = dense_outer_traffic(shapes, W, cfg.outer_value_encoding)
         buckets = len(bounded_groups([math.prod(s) for s in shapes if math.prod(s)], DENSE_BUCKET_ELEMENTS))
         latency, exchange, per = buckets * W * half_rtt, "dense", cfg.sync_interval  # all_to_all + all_gather
@@ -220,7 +215,7 @@ def plan_row(job_config, v: Variant, c: Cluster) -> Row:
     tokens = t.local_batch_size * t.seq_len / d.tp
     mem = memory.estimate_memory(jc, world, c.device_memory, c.device_name)
     fits = None if c.device_memory is None else not mem.over
-    settings = _settings(cfg, v.mode)
+    settings = _settings(cfg)
     return Row(v, exchange, settings, bytes_per_step, link, seconds, tokens / seconds, mem.total, fits,
                loss_cost(v.mode, settings))
 

@@ -33,11 +33,13 @@ def _human_bytes(n: float) -> str:
 
 
 def _describe(row, jc) -> str:
-    v, detail = row.variant, dict(row.variant.keys)
-    what = {"off": "AdamW-HSDP"}.get(v.mode, f"`{v.mode}`")
-    if v.mode == "demo":
+    from flexdemo.modes import mode_of
+
+    v, detail, spec = row.variant, dict(row.variant.keys), mode_of(row.variant)
+    what = "AdamW-HSDP" if spec.reference else f"`{v.mode}`"
+    if spec.separate_replicas and spec.outer is None:  # a compressed exchange every step
         what += f" top-{detail.get('topk', jc.flexdemo.topk)}"
-    elif v.mode == "demo_diloco":
+    elif spec.outer == "topk":
         what += f" H = {detail.get('sync_interval', jc.flexdemo.sync_interval)}"
     return f"{what}: {row.seconds_per_step:.3g} s, {_human_bytes(row.bytes_per_rank_per_step)}"
 

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
-from flexdemo.wire.format import WIRE_FORMAT_VERSION
+from flexdemo.modes import mode_of
 
 
 FORMAT_PREFIX = "flexdemo.format["
@@ -62,22 +62,9 @@ _REPLICA_RE = re.compile(r"@replica(\d+)\.")
 
 
 def format_tag(cfg) -> str:
-    """The settings without which a saved state cannot be read correctly."""
-    items = {"mode": cfg.mode}
-    if cfg.mode == "demo":
-        items.update(topk=cfg.topk, chunk=cfg.chunk, value_encoding=cfg.value_encoding, overlap=cfg.overlap)
-        if cfg.overlap_lookahead:  # its state holds the common parameters (named only when on: older tags stand)
-            items.update(lookahead=True)
-        if cfg.index_coding != "fixed":  # the bytes of an exchange in flight (overlap)
-            items.update(index_coding=cfg.index_coding)
-        if cfg.momentum_dtype != "float32":  # a bf16 momentum and its rounding counter (named only when on)
-            items.update(momentum_dtype=cfg.momentum_dtype)
-        if cfg.overlap:  # the exchange in flight is payload bytes: named from format 6 (none: 5 or earlier)
-            items.update(payload_format=WIRE_FORMAT_VERSION)
-    elif cfg.mode in ("diloco", "demo_diloco"):
-        items.update(outer_momentum=cfg.outer_momentum > 0, outer_value_encoding=cfg.outer_value_encoding)
-        if cfg.mode == "demo_diloco":
-            items.update(outer_topk=cfg.outer_topk, outer_chunk=cfg.outer_chunk)
+    """The settings without which a saved state cannot be read correctly: the mode and what its
+    entry in flexdemo.modes records."""
+    items = {"mode": cfg.mode, **mode_of(cfg).checkpoint_items(cfg)}
     return ",".join(f"{k}={v}" for k, v in items.items())
 
 
@@ -152,7 +139,7 @@ def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | 
                     f"with the flexdemo version that wrote it (finishing the exchange in flight), or {switch}")
     if saved_tag != tag:
         raise error(f"checkpoint {path} was written with [{saved_tag}], this run asks for [{tag}]; {switch}")
-    if (saved_replicas, saved_shards) != (replicas, shards) and cfg.mode == "demo" and cfg.overlap:
+    if (saved_replicas, saved_shards) != (replicas, shards) and mode_of(cfg).in_flight(cfg):
         raise error(f"checkpoint {path} holds an exchange in flight (overlap) of {saved_replicas} replicas x "
                     f"{saved_shards} shards; resume it on that topology")
     return Resume(path, formats[0].group(0).removeprefix("optimizer."), saved_replicas, saved_shards, keys,

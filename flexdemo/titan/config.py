@@ -21,23 +21,20 @@ from torchtitan.config.job_config import JobConfig as _TitanJobConfig
 
 from flexdemo.compression.compressor import Exchange, KernelPrecision
 from flexdemo.data.dataset import is_embedded_dataset
-from flexdemo.optim.diloco_args import DENSE_ENCODINGS, TOPK_ENCODINGS, StateDevice, TopkEncoding
+from flexdemo.modes import MODES, mode_of
+from flexdemo.optim.diloco_args import StateDevice, TopkEncoding
 from flexdemo.wire.dct import Transform
 from flexdemo.wire.format import IndexCoding, ValueEncoding
 
 from .elastic import check_elastic
 
-Mode = Literal["demo", "off", "diloco", "demo_diloco"]
+Mode = Literal[tuple(MODES)]  # flexdemo.modes: "demo", "off", "diloco", "demo_diloco"
 NonFinite = Literal["skip", "stop"]
 ReplicaCheckAction = Literal["stop", "resync"]
 ReplicaCheckInterval = Union[int, Literal["auto"]]
 InitSync = Literal["broadcast", "verify", "none"]
 MemoryCheck = Literal["warn", "refuse", "off"]
 MomentumDtype = Literal["float32", "bfloat16"]
-DILOCO_MODES = ("diloco", "demo_diloco")
-# Modes in which FSDP shards inside a replica only and flexdemo owns the replica exchange.
-SEPARATE_REPLICA_MODES = ("demo", *DILOCO_MODES)
-OUTER_VALUE_ENCODINGS = {"diloco": DENSE_ENCODINGS, "demo_diloco": TOPK_ENCODINGS}
 
 
 # Set on the job config by flexdemo.titan.entry.FlexTrainer before torchtitan builds
@@ -261,9 +258,7 @@ def check_section(c: FlexDemo) -> None:
         _fail(f"sharded_topk={c.sharded_topk!r}; expected an integer >= 0 (0: the mode's top-k)")
     if c.overlap_lookahead and not c.overlap:
         _fail("overlap_lookahead = true needs overlap = true (it stands in for the update still in flight)")
-    if c.exchange == "sharded" and c.overlap and c.mode == "demo":
-        _fail('overlap = true needs exchange = "allgather" (the sharded exchange runs two collectives with '
-              "the owners' work between them; they cannot run behind the next step)")
+    mode_of(c).check(c, _fail)
     _check_outer(c)
 
 
@@ -274,9 +269,7 @@ def _check_outer(c: FlexDemo) -> None:
         _fail(f"outer_lr={c.outer_lr!r}; expected > 0")
     if not 0.0 <= float(c.outer_momentum) < 1.0:
         _fail(f"outer_momentum={c.outer_momentum!r}; expected 0 <= outer_momentum < 1")
-    if c.mode in DILOCO_MODES and c.outer_nesterov and float(c.outer_momentum) == 0.0:
-        _fail("outer_nesterov=true needs outer_momentum > 0 (plain SGD: outer_nesterov=false, outer_momentum=0)")
-    allowed = OUTER_VALUE_ENCODINGS.get(c.mode, TOPK_ENCODINGS)
+    allowed = mode_of(c).outer_value_encodings
     if c.outer_value_encoding not in allowed:
         why = " (a bare sign would move every weight by outer_lr)" if c.outer_value_encoding == "sign" else ""
         _fail(f"outer_value_encoding={c.outer_value_encoding!r} with mode={c.mode!r}; expected one of {allowed}{why}")
@@ -304,7 +297,7 @@ def replica_check_steps(c: FlexDemo) -> int:
     sync_interval (e.g. 300 with the defaults, 700 with the state on the host)."""
     if c.replica_check_interval != "auto":
         return c.replica_check_interval
-    if c.mode not in DILOCO_MODES:
+    if mode_of(c).outer is None:
         return REPLICA_CHECK_EVERY
     state = (1 + (float(c.outer_momentum) > 0)) * (HOST_TENSOR_COST if c.outer_state_device == "cpu" else 1)
     steps = REPLICA_CHECK_EVERY * (1 + state)
@@ -332,9 +325,9 @@ def validate_job_config(job_config, world_size: int | None) -> None:
             _fail(
                 f"replicate({rep}) x shard({shard}) x tp*pp*cp({non_dp}) != world size {world_size}"
             )
-    lr = job_config.optimizer.lr
-    if c.mode == "demo" and not (isinstance(lr, (int, float)) and 0.0 < float(lr) < float("inf")):
-        _fail(f"optimizer.lr={lr!r}; mode 'demo' needs a finite lr > 0 (the size of DeMo's sign step)")
+    lr, spec = job_config.optimizer.lr, mode_of(c)
+    if spec.lr_is_step_size and not (isinstance(lr, (int, float)) and 0.0 < float(lr) < float("inf")):
+        _fail(f"optimizer.lr={lr!r}; mode '{c.mode}' needs a finite lr > 0 (the size of DeMo's sign step)")
     if job_config.optimizer.early_step_in_backward:
         _fail("optimizer.early_step_in_backward is not supported by the flexdemo train specs")
     if job_config.validation.enable and not c.validation_same_batches and is_embedded_dataset(job_config.validation.dataset):
@@ -343,7 +336,7 @@ def validate_job_config(job_config, world_size: int | None) -> None:
               "key, or validate on another dataset")
     if job_config.fault_tolerance.enable:
         check_elastic(job_config, _fail)
-    if c.mode not in SEPARATE_REPLICA_MODES:
+    if not spec.separate_replicas:
         if p.tensor_parallel_degree > 1 and p.data_parallel_replicate_degree > 1 and p.data_parallel_shard_degree == 1:
             _fail(
                 f"mode='off' with parallelism.tensor_parallel_degree={p.tensor_parallel_degree} and "
@@ -372,7 +365,7 @@ def validate_job_config(job_config, world_size: int | None) -> None:
             f"across replicas), not pipeline, context or expert parallelism; got "
             f"parallelism.{', parallelism.'.join(bad)}. Use mode='off' for PP/CP/EP."
         )
-    if c.mode in DILOCO_MODES and c.replica_check_interval % c.sync_interval != 0:
+    if spec.outer is not None and c.replica_check_interval % c.sync_interval != 0:
         _fail(
             f"replica_check_interval={c.replica_check_interval} must be a multiple of "
             f"sync_interval={c.sync_interval} in mode={c.mode!r}: replicas are identical only right "

@@ -39,9 +39,9 @@ from torchtitan.tools.logging import logger
 
 from flexdemo.compression.agreement import first_difference
 from flexdemo.elastic.group import LIGHTHOUSE_ENV, ElasticGroup, ElasticJoinError
+from flexdemo.modes import MODES, mode_of
 
 
-ELASTIC_MODES = ("demo", "diloco", "demo_diloco")  # "off" is HSDP: FSDP's all-reduce spans the replicas
 
 _GROUP: ElasticGroup | None = None
 
@@ -120,9 +120,9 @@ def check_elastic(job_config, fail) -> None:
     """The checks of ``[fault_tolerance]`` for flexdemo's elastic replicas; ``fail(message)`` raises
     the config error."""
     c, ft, p = job_config.flexdemo, job_config.fault_tolerance, job_config.parallelism
-    if c.mode not in ELASTIC_MODES:
+    if not mode_of(c).elastic:
         fail(f"fault_tolerance.enable: mode={c.mode!r} cannot run elastic replicas (its replicas are one "
-             f"FSDP job); modes that can: {', '.join(ELASTIC_MODES)}")
+             f"FSDP job); modes that can: {', '.join(m.name for m in MODES.values() if m.elastic)}")
     if ft.semi_sync_method is not None:
         fail(f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r} is torchtitan's own DiLoCo; flexdemo's "
              "modes bring their own exchange: leave it unset")

@@ -45,10 +45,11 @@ from torchtitan.train import main as titan_main
 
 from flexdemo.compression.agreement import ReplicaSettingsMismatch
 from flexdemo.elastic.group import ElasticJoinError
+from flexdemo.modes import mode_of
 
 from . import cpu_shim, elastic, memory
 from .checkpoint import plan_resume
-from .config import REPLICA_LOCAL_LOSS_ATTR, SEPARATE_REPLICA_MODES, FlexDemoConfigError, validate_job_config
+from .config import REPLICA_LOCAL_LOSS_ATTR, FlexDemoConfigError, validate_job_config
 from .data import check_tokenizer_available, embedded_tokenizer_dir
 from .metrics import ConsensusValidator
 from .torchtitan_workarounds import replica_local_batch_view
@@ -144,7 +145,7 @@ def check_stock_entry_or_exit() -> None:
 class FlexTrainer(Trainer):
     def __init__(self, job_config):
         flex = getattr(job_config, "flexdemo", None)
-        local = flex is not None and flex.mode in SEPARATE_REPLICA_MODES
+        local = flex is not None and mode_of(flex).separate_replicas
         setattr(job_config, REPLICA_LOCAL_LOSS_ATTR, local)
         super().__init__(job_config)
         if local and self.parallel_dims.dp_replicate > 1:

@@ -19,15 +19,16 @@ from dataclasses import dataclass
 import torch
 from torchtitan.config import TORCH_DTYPE_MAP
 
-from .config import DILOCO_MODES, FlexDemoConfigError
+from flexdemo.modes import PARAM_BYTES, StateBytes, mode_of
+
+from .config import FlexDemoConfigError
 
 GIB = 1024**3
 # Warn (or refuse) above this share of the device: the estimate leaves out the CUDA context,
 # NCCL's buffers and the caching allocator's fragmentation, which take several GiB on a large job.
 FIT_FRACTION = 0.9
-PARAM_BYTES = 4  # torchtitan keeps fp32 master weights; FSDP casts only the gathered copies
+# PARAM_BYTES (flexdemo.modes): 4, torchtitan keeps fp32 master weights; FSDP casts only the gathered copies
 LOGIT_FP32_COPIES = 3  # the loss's backward holds log-probs, their gradient, the logits' gradient (fp32)
-MOMENTUM_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 @dataclass(frozen=True)
@@ -139,32 +140,10 @@ def gathered_elements(shapes, tp: int) -> int:
     return sum(_tp_elements(s, tp) for s in shapes)
 
 
-@dataclass(frozen=True)
-class StateBytes:
-    device: int  # bytes per parameter element on the GPU
-    host: int  # bytes per parameter element in host memory (outer_state_device / momentum_device = "cpu")
-
-
 def optimizer_state_bytes(cfg) -> StateBytes:
-    """Per-element optimizer state of each mode, as the code creates it (each tensor shaped like the
-    local shard of the parameter, in its dtype unless said)."""
-    adam = 2 * PARAM_BYTES  # Adam/AdamW: exp_avg, exp_avg_sq (and a scalar step per tensor)
-    if cfg.mode == "off":
-        return StateBytes(adam, 0)
-    if cfg.mode == "demo":  # DeMo's momentum "delta"; lookahead keeps the common parameters too
-        momentum = MOMENTUM_BYTES[cfg.momentum_dtype]
-        base = PARAM_BYTES if cfg.overlap and cfg.overlap_lookahead else 0
-        if cfg.momentum_device == "cpu":
-            return StateBytes(base, momentum)
-        return StateBytes(momentum + base, 0)
-    if cfg.mode not in DILOCO_MODES:
-        raise ValueError(f"no optimizer-state model for mode {cfg.mode!r}")
-    # DiLoCo (flexdemo.optim.diloco_outer.new_entry): global copy, outer momentum when
-    # outer_momentum > 0, error feedback in demo_diloco; on the GPU or in pinned host memory.
-    outer = PARAM_BYTES * (1 + (float(cfg.outer_momentum) > 0) + (cfg.mode == "demo_diloco"))
-    if cfg.outer_state_device == "cpu":
-        return StateBytes(adam, outer)
-    return StateBytes(adam + outer, 0)
+    """Per-element optimizer state of the mode, as its code creates it (each tensor shaped like the
+    local shard of the parameter, in its dtype unless said): its entry in flexdemo.modes."""
+    return mode_of(cfg).state_bytes(cfg)
 
 
 def block_activation_bytes(s: ModelShapes, tokens: int, act: int, tp: int) -> int:
@@ -314,7 +293,7 @@ def estimate_memory(job_config, world_size: int | None, device_total: int | None
         grads += (mp + reduce) * max(block, head)
     elif autocast:
         copies = mp * autocast_copies(s, job_config.activation_checkpoint)
-    if cfg.mode == "off" and not fsdp_on and d.replicate > 1:
+    if not mode_of(cfg).separate_replicas and not fsdp_on and d.replicate > 1:
         grads += PARAM_BYTES * local  # DDP's gradient buckets (torchtitan's replicate: not views)
     state = optimizer_state_bytes(cfg)
     t = job_config.training

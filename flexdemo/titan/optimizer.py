@@ -1,12 +1,7 @@
 """The optimizers of a flexdemo run: build_optimizers_fn of the flexdemo train specs, and the
-torchtitan ``OptimizersContainer`` every mode returns.
-
-mode "demo":        DeMo on every model part (FSDP-sharded DTensor params; DeMo exchanges
-                    compressed momentum over dp_replicate inside step()).
-mode "diloco" /
-mode "demo_diloco": torchtitan's Adam/AdamW from [optimizer] inside each replica, and the
-                    DiLoCo outer step (dense / DCT top-k compressed) every sync_interval steps.
-mode "off":         torchtitan's Adam/AdamW from [optimizer]; replicas are kept equal by HSDP.
+torchtitan ``OptimizersContainer`` every mode returns. What each mode builds is its entry in
+flexdemo.modes (DeMo; torchtitan's Adam/AdamW from [optimizer], with the DiLoCo outer step in
+the DiLoCo modes); this module resolves [optimizer] and the replica group and hands them over.
 
 The model is not changed here: parallelize.py made the replicas start identical and scaled their
 gradients before this runs. Keys a config sets that its mode does not read are logged once as a
@@ -36,12 +31,13 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
 from flexdemo.compression.buckets import describe_blocks
+from flexdemo.modes import EVERY_MODE_KEYS, mode_of
 from flexdemo.optim.diloco import DiLoCo
 
 from . import elastic
 from . import replicas as rep
 from .checkpoint import OptimizerCheckpoint, Resume, format_key, format_tag, plan_resume
-from .config import DILOCO_MODES, FlexDemo, FlexDemoConfigError, flexdemo_section
+from .config import FlexDemo, FlexDemoConfigError, flexdemo_section
 from .metrics import ExchangeMeter, SkippedUpdates, modelled_hsdp_allreduce_bytes
 from .torchtitan_workarounds import adam_class_and_kwargs
 
@@ -49,9 +45,10 @@ from .torchtitan_workarounds import adam_class_and_kwargs
 def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: ParallelDims,
                               job_config) -> FlexOptimizersContainer:
     """The flexdemo train specs' optimizers for ``model_parts`` (their spec passes the job config:
-    torchtitan_workarounds.with_job_config)."""
+    torchtitan_workarounds.with_job_config): the mode's builder (flexdemo.modes) in the container."""
     optimizer_config = job_config.optimizer
     cfg = flexdemo_section(job_config)
+    spec = mode_of(cfg)
     group = rep.replicate_group(parallel_dims)
     replicas, shards = parallel_dims.dp_replicate, parallel_dims.dp_shard * parallel_dims.cp
     checkpoint = {
@@ -67,156 +64,39 @@ def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: Paral
     ignored = ignored_keys(job_config)
     if ignored:
         logger.warning(f"flexdemo: mode={cfg.mode} does not use {', '.join(ignored)} (set in the config; ignored)")
-
-    if cfg.mode == "off":
-        cls, kwargs = adam_class_and_kwargs(optimizer_config, cfg.mode)
-        modelled = modelled_hsdp_allreduce_bytes(
-            model_parts, parallel_dims, TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce]
-        )
-        logger.info(f"flexdemo: mode=off, {optimizer_config.name} + stock HSDP")
-        return _container(model_parts, cls, kwargs, cfg, group, checkpoint, modelled_bytes_per_step=modelled,
-                          per_replica_state=False)  # HSDP keeps AdamW state identical across replicas
-
-    # Every other mode keeps replicas apart: parallelize.py made them start identical and
-    # scaled their gradients to replica means (keep_replicas_apart).
-    if cfg.mode in DILOCO_MODES:
-        steps = job_config.training.steps
-        if steps % cfg.sync_interval:
-            logger.warning(
-                f"flexdemo: training.steps={steps} is not a multiple of sync_interval={cfg.sync_interval}: "
-                f"the last {steps % cfg.sync_interval} steps end without an outer step, and the model "
-                "saved last is each replica's own local one"
-            )
-        return _build_diloco(model_parts, optimizer_config, parallel_dims, cfg, group, checkpoint)
-
-    from flexdemo.optim import DeMo
-
-    kwargs = {
-        "lr": optimizer_config.lr,
-        "compression_decay": cfg.decay,
-        "compression_topk": cfg.topk,
-        "compression_chunk": cfg.chunk,
-        "weight_decay": cfg.weight_decay,
-        "replicate_group": group,
-        "value_encoding": cfg.value_encoding,
-        "overlap": cfg.overlap,
-        "lookahead": cfg.overlap_lookahead,
-        "kernel_precision": cfg.kernel_precision,
-        "exchange_timeout": cfg.exchange_timeout_seconds or None,
-        "nonfinite": cfg.nonfinite,
-        "exchange": cfg.exchange,
-        "sharded_topk": cfg.sharded_topk,
-        "index_coding": cfg.index_coding,
-        "momentum_dtype": cfg.momentum_dtype,
-        "momentum_device": cfg.momentum_device,
-    }
-    logger.info(
-        f"flexdemo: DeMo(topk={cfg.topk}, chunk={cfg.chunk}, decay={cfg.decay}, "
-        f"values={cfg.value_encoding}, momentum={cfg.momentum_dtype} on {cfg.momentum_device}, "
-        f"overlap={cfg.overlap}{', lookahead' if cfg.overlap_lookahead else ''}, "
-        f"exchange={describe_exchange(cfg, cfg.topk)}) "
-        f"over dp_replicate={parallel_dims.dp_replicate}"
-    )
-    return _container(model_parts, DeMo, kwargs, cfg, group, checkpoint, per_replica_state=True,
-                      last_step=job_config.training.steps, max_consecutive_skips=cfg.max_consecutive_skips)
-
-
-def _build_diloco(model_parts, optimizer_config, parallel_dims: ParallelDims, cfg, group,
-                  checkpoint: dict) -> FlexOptimizersContainer:
-    if len(model_parts) != 1:  # validation rejects pipeline parallelism in these modes
-        raise FlexDemoConfigError(f"mode={cfg.mode!r} needs one model part, got {len(model_parts)}")
-    topk = cfg.mode == "demo_diloco"
-    outer = DiLoCo(
-        model_parts[0].named_parameters(),
-        sync_interval=cfg.sync_interval,
-        outer_lr=cfg.outer_lr,
-        outer_momentum=cfg.outer_momentum,
-        nesterov=cfg.outer_nesterov,
-        compression="topk" if topk else "dense",
-        value_encoding=cfg.outer_value_encoding,
-        topk=cfg.outer_topk,
-        chunk=cfg.outer_chunk,
-        decay=cfg.outer_decay,
-        replicate_group=group,
-        state_device=cfg.outer_state_device,
-        kernel_precision=cfg.kernel_precision,
-        exchange_timeout=cfg.exchange_timeout_seconds or None,
-        nonfinite=cfg.nonfinite,
-        max_consecutive_skips=cfg.max_consecutive_skips,
-        exchange=cfg.exchange,
-        sharded_topk=cfg.sharded_topk,
-        index_coding=cfg.index_coding,
-        transform=cfg.outer_transform if topk else "dct",  # diloco: ignored, and said so (ignored_keys)
-    )
-    cls, kwargs = adam_class_and_kwargs(optimizer_config, cfg.mode)
-    kind = "DCT" if cfg.outer_transform == "dct" else "raw-value"
-    compression = (
-        f"{kind} top-k (topk={cfg.outer_topk}, chunk={cfg.outer_chunk}, decay={cfg.outer_decay}, "
-        f"exchange={describe_exchange(cfg, cfg.outer_topk)})" if topk else "dense"
-    )
-    logger.info(
-        f"flexdemo: mode={cfg.mode}: {optimizer_config.name} inside each replica, outer step every "
-        f"{cfg.sync_interval} steps over dp_replicate={parallel_dims.dp_replicate}: {compression}, "
-        f"{cfg.outer_value_encoding} values, SGD lr={cfg.outer_lr} momentum={cfg.outer_momentum} "
-        f"nesterov={cfg.outer_nesterov}, state on {cfg.outer_state_device} "
-        f"({outer.state_bytes_per_param()} bytes/param)"
-    )
-    return _container(model_parts, cls, kwargs, cfg, group, checkpoint,
-                      per_replica_state=True, outer=outer)  # each replica's AdamW state is its own
-
-
-def _container(model_parts, cls: type, kwargs: dict, cfg, group, checkpoint: dict, *,
-               per_replica_state: bool, modelled_bytes_per_step: int | None = None,
-               **extra) -> FlexOptimizersContainer:
-    """The optimizers container every mode returns: the replica group and check, its checkpoint
-    keys, and the mode's own ``extra`` arguments."""
+    inner = adam_class_and_kwargs(optimizer_config, cfg.mode) if spec.inner_optimizer else None
+    try:
+        built = spec.build(model_parts, cfg, group, inner, lr=optimizer_config.lr, steps=job_config.training.steps,
+                           replicas=parallel_dims.dp_replicate, inner_name=optimizer_config.name)
+    except ValueError as e:
+        raise FlexDemoConfigError(str(e)) from e
+    # Modes that keep replicas apart had them start identical and their gradients scaled to replica
+    # means in parallelize.py (keep_replicas_apart); HSDP's all-reduce bytes are modelled for the log.
+    modelled = None if spec.separate_replicas else modelled_hsdp_allreduce_bytes(
+        model_parts, parallel_dims, TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce])
     return FlexOptimizersContainer(
-        model_parts, cls, kwargs,
+        model_parts, built.optimizer_cls, built.optimizer_kwargs,
         replicate_group=group,
         replica_check_interval=cfg.replica_check_interval,
         replica_check_action=cfg.replica_check_action,
-        modelled_bytes_per_step=modelled_bytes_per_step,
-        per_replica_state=per_replica_state,
+        modelled_bytes_per_step=modelled,
+        per_replica_state=built.per_replica_state,
+        outer=built.outer,
         **checkpoint,
-        **extra,
+        **built.container_kwargs,
     )
-
-
-def describe_exchange(c: FlexDemo, topk: int) -> str:
-    """The exchange for a log line: "allgather", or "sharded (top-N of the mean)"."""
-    return "allgather" if c.exchange == "allgather" else f"sharded (top-{c.sharded_topk or topk} of the mean)"
-
-
-# [flexdemo] keys each mode reads (mode itself and the replica check: all of them).
-_DEMO_KEYS = ("topk", "chunk", "decay", "value_encoding", "weight_decay", "overlap", "kernel_precision",
-              "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips", "exchange",
-              "sharded_topk", "overlap_lookahead", "index_coding", "momentum_dtype",
-              "momentum_device")
-_OUTER_KEYS = ("sync_interval", "outer_lr", "outer_momentum", "outer_nesterov", "outer_value_encoding",
-               "outer_state_device", "init_sync", "exchange_timeout_seconds", "nonfinite", "max_consecutive_skips")
-_KEYS_USED = {
-    "demo": _DEMO_KEYS,
-    "diloco": _OUTER_KEYS,
-    "demo_diloco": (*_OUTER_KEYS, "outer_topk", "outer_chunk", "outer_decay", "outer_transform", "kernel_precision",
-                    "exchange", "sharded_topk", "index_coding"),
-    "off": (),
-}
-_KEYS_USED_BY_EVERY_MODE = ("mode", "replica_check_interval", "replica_check_action", "validation_same_batches",
-                            "memory_check")
-# [optimizer] keys that DeMo does not read (it takes lr, and [lr_scheduler] scales it).
-_OPTIMIZER_KEYS_UNUSED_BY_DEMO = ("name", "beta1", "beta2", "eps", "weight_decay", "implementation")
 
 
 def ignored_keys(job_config) -> list[str]:
     """``section.key`` of every key set to a non-default value that the chosen mode does not read."""
     c: FlexDemo = job_config.flexdemo
-    used = {*_KEYS_USED_BY_EVERY_MODE, *_KEYS_USED[c.mode]}
+    spec = mode_of(c)
+    used = {*EVERY_MODE_KEYS, *spec.reads}
     out = [f"flexdemo.{f.name}" for f in fields(FlexDemo)
            if f.name not in used and getattr(c, f.name) != f.default]
-    if c.mode == "demo":
-        defaults = _TitanOptimizer()
-        out += [f"optimizer.{k}" for k in _OPTIMIZER_KEYS_UNUSED_BY_DEMO
-                if getattr(job_config.optimizer, k) != getattr(defaults, k)]
+    defaults = _TitanOptimizer()
+    out += [f"optimizer.{k}" for k in spec.ignores_optimizer_keys
+            if getattr(job_config.optimizer, k) != getattr(defaults, k)]
     return out
 
 

@@ -33,9 +33,11 @@ from torch.distributed.fsdp import FSDPModule
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
+from flexdemo.modes import mode_of
+
 from . import cpu_shim
 from . import replicas as rep
-from .config import SEPARATE_REPLICA_MODES, flexdemo_section, replica_local_loss, validate_job_config
+from .config import flexdemo_section, replica_local_loss, validate_job_config
 from .torchtitan_workarounds import after_init_weights, shard_only_view
 
 
@@ -54,7 +56,7 @@ def wrap_parallelize(stock_fn):
     def parallelize(model: nn.Module, parallel_dims: ParallelDims, job_config, *args, **kwargs):
         cfg = flexdemo_section(job_config)
         validate_job_config(job_config, int(os.environ.get("WORLD_SIZE", parallel_dims.world_size)))
-        if cfg.mode in SEPARATE_REPLICA_MODES:
+        if mode_of(cfg).separate_replicas:
             model = stock_fn(model, shard_only_view(parallel_dims), job_config, *args, **kwargs)
             shards = parallel_dims.dp_shard * parallel_dims.cp
             inside = f"FSDP over the fsdp mesh only ({shards} shards)" if shards > 1 else "no FSDP (1 shard)"
