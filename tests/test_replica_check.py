@@ -54,6 +54,7 @@ def _outer_state(rank):
 def _resync(rank, world, action, drift):
     import torch.nn as nn
 
+    from flexdemo.replica_group import StaticReplicaGroup
     from flexdemo.titan.replicas import ReplicaSyncError, verify_or_resync
 
     torch.manual_seed(0)
@@ -63,7 +64,7 @@ def _resync(rank, world, action, drift):
         with torch.no_grad():
             model.weight[0, 0] += 1.0
     try:
-        resynced = verify_or_resync([model], None, step=7, action=action, outer=outer)
+        resynced = verify_or_resync([model], StaticReplicaGroup(), step=7, action=action, outer=outer)  # the world
     except ReplicaSyncError as e:
         return "stopped", str(e)
     shared = outer.entries[0].global_copy if outer is not None else torch.zeros(3)

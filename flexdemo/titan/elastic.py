@@ -43,25 +43,21 @@ from flexdemo.modes import MODES, mode_of
 
 
 
-_GROUP: ElasticGroup | None = None
-
-
 def enabled(job_config) -> bool:
     return bool(job_config.fault_tolerance.enable)
 
 
 def elastic_group(job_config) -> ElasticGroup:
-    """The process's one elastic group (made by the optimizer builder, read by the trainer)."""
-    global _GROUP
-    if _GROUP is None:
-        ft = job_config.fault_tolerance
-        _GROUP = ElasticGroup.create(
-            replica_id=ft.replica_id, min_replicas=ft.min_replica_size, backend=ft.process_group,
-            timeout_s=ft.process_group_timeout_ms / 1000, state_dict=None, load_state_dict=None,
-        )
-        logger.info(f"flexdemo: elastic replica {ft.replica_id} of {ft.group_size} planned "
-                    f"(torchft, at least {ft.min_replica_size} per step, {ft.process_group})")
-    return _GROUP
+    """This replica's elastic group, made once by the optimizer builder: the optimizers' container
+    holds it (``replicate_group``), and the trainer reads it there."""
+    ft = job_config.fault_tolerance
+    group = ElasticGroup.create(
+        replica_id=ft.replica_id, min_replicas=ft.min_replica_size, backend=ft.process_group,
+        timeout_s=ft.process_group_timeout_ms / 1000, state_dict=None, load_state_dict=None,
+    )
+    logger.info(f"flexdemo: elastic replica {ft.replica_id} of {ft.group_size} planned "
+                f"(torchft, at least {ft.min_replica_size} per step, {ft.process_group})")
+    return group
 
 
 def data_shard(job_config, dp_world_size: int, dp_rank: int) -> tuple[int, int]:
@@ -81,8 +77,8 @@ def quorum_due(trainer) -> bool:
 
 def attach(trainer) -> None:
     """Let a rejoining replica heal from this one's state, and this one from a live peer's."""
-    group, states = _GROUP, trainer.checkpointer.states
-    container, outer = trainer.optimizers, trainer.optimizers.outer
+    container, states = trainer.optimizers, trainer.checkpointer.states
+    group, outer = container.replicate_group, container.outer
     # the job's shared keys and install, and the very list the start-up agreement compares
     settings = join_settings(trainer.job_config) + container.agreement_settings()
     replica_id = trainer.job_config.fault_tolerance.replica_id

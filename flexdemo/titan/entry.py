@@ -155,7 +155,7 @@ class FlexTrainer(Trainer):
             self.validator = ConsensusValidator(self.validator, self.optimizers.consensus)
         # Elastic replicas (fault_tolerance.enable): torchft's quorum before every step (cycle); a replica
         # behind the others heals there from a live peer (flexdemo.titan.elastic).
-        self.elastic_group = elastic.elastic_group(job_config) if elastic.enabled(job_config) else None
+        self.elastic_group = self.optimizers.replicate_group if elastic.enabled(job_config) else None
         if self.elastic_group is not None:
             elastic.attach(self)
 

@@ -33,6 +33,7 @@ from torchtitan.tools.logging import logger
 from flexdemo.compression.buckets import describe_blocks
 from flexdemo.modes import EVERY_MODE_KEYS, mode_of
 from flexdemo.optim.diloco import DiLoCo
+from flexdemo.replica_group import ReplicaGroup, replica_group
 
 from . import elastic
 from . import replicas as rep
@@ -49,15 +50,17 @@ def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: Paral
     optimizer_config = job_config.optimizer
     cfg = flexdemo_section(job_config)
     spec = mode_of(cfg)
-    group = rep.replicate_group(parallel_dims)
+    # The one replica group of the run, made here once and handed down (a ReplicaGroup; None with
+    # one replica): torchft's (replicas are separate jobs, the Lighthouse decides who takes part)
+    # or a static one over this job's dp_replicate group.
+    process_group = rep.replicate_group(parallel_dims)
+    group = None if process_group is None else replica_group(process_group)
     replicas, shards = parallel_dims.dp_replicate, parallel_dims.dp_shard * parallel_dims.cp
     checkpoint = {
         "format_key": format_key(format_tag(cfg), replicas, shards),
         "resume": plan_resume(job_config, cfg, replicas, shards, FlexDemoConfigError),
         "job_replicas": replicas,
     }
-    # The one place the replica group is chosen: torchft's (replicas are separate jobs, the
-    # Lighthouse decides who takes part) or this job's dp_replicate group.
     if elastic.enabled(job_config):
         group = elastic.elastic_group(job_config)
         checkpoint["replica_index"] = job_config.fault_tolerance.replica_id  # stable whoever is alive
@@ -107,7 +110,7 @@ class FlexOptimizersContainer(OptimizersContainer):
         optimizer_cls: type,
         optimizer_kwargs: dict[str, Any],
         *,
-        replicate_group,
+        replicate_group: ReplicaGroup | None,
         replica_check_interval: int,
         replica_check_action: str = "stop",
         modelled_bytes_per_step: int | None,
@@ -131,7 +134,7 @@ class FlexOptimizersContainer(OptimizersContainer):
         # This replica's place (its per-replica checkpoint keys): given (an elastic replica's
         # replica_id), or its rank in the dp_replicate group.
         self.replica = (replica_index if replica_index is not None
-                        else dist.get_rank(replicate_group) if replicate_group is not None else 0)
+                        else replicate_group.rank() if replicate_group is not None else 0)
         self.step_count = 0
         compressors = [getattr(o, "compressor", None) for o in self.optimizers]
         compressors.append(outer.compressor if outer is not None else None)

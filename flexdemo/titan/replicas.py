@@ -13,7 +13,7 @@ from torchtitan.tools.logging import logger
 
 from flexdemo.local import local_tensor
 from flexdemo.replica_check import ReplicaMismatchError, check_replicas_identical, shared_tensors
-from flexdemo.replica_group import replica_group
+from flexdemo.replica_group import ReplicaGroup, replica_group
 
 
 def replicate_group(parallel_dims) -> dist.ProcessGroup | None:
@@ -56,12 +56,12 @@ def start_identical(model_parts: list[nn.Module], group: dist.ProcessGroup | Non
     if init_sync == "broadcast":
         broadcast_from_replica0(model_parts, group)
         logger.info("flexdemo: broadcast initial params from replica 0")
-    elif init_sync == "verify":
-        verify_identical(model_parts, group, step=0)
+    elif init_sync == "verify":  # before the optimizers (and their replica group) exist
+        verify_identical(model_parts, replica_group(group), step=0)
 
 
 @torch.no_grad()
-def verify_or_resync(model_parts: list[nn.Module], group, step: int, action: str, outer=None) -> bool:
+def verify_or_resync(model_parts: list[nn.Module], group: ReplicaGroup, step: int, action: str, outer=None) -> bool:
     """:func:`verify_identical`; on a mismatch with ``action="resync"`` (a fixed group only) every
     replica takes replica 0's parameters (and the DiLoCo ``outer`` step's global copy and momentum)
     and training goes on, logged. Returns whether it re-synced."""
@@ -71,7 +71,7 @@ def verify_or_resync(model_parts: list[nn.Module], group, step: int, action: str
     except ReplicaSyncError:
         if action != "resync":
             raise
-    process_group = replica_group(group).process_group  # config validation: resync needs a fixed group
+    process_group = group.process_group  # config validation: resync needs a fixed group
     broadcast_from_replica0(model_parts, process_group)
     for _, t in shared_tensors([], outer) if outer is not None else []:
         dist.broadcast(local_tensor(t), group=process_group, group_src=0)
@@ -80,7 +80,7 @@ def verify_or_resync(model_parts: list[nn.Module], group, step: int, action: str
     return True
 
 
-def verify_identical(model_parts: list[nn.Module], group, step: int, outer=None) -> str:
+def verify_identical(model_parts: list[nn.Module], group: ReplicaGroup, step: int, outer=None) -> str:
     """flexdemo.replica_check over the replica group, fixed or elastic (it agrees over this job's
     world, so every rank raises together), on its one set of tensors: the parameters, or the
     DiLoCo ``outer`` step's global copy and momentum. Logs the verdict and the digest of this
@@ -93,6 +93,6 @@ def verify_identical(model_parts: list[nn.Module], group, step: int, outer=None)
         logger.error(msg)
         raise ReplicaSyncError(msg) from e
     digest = param_digest(hashes) if hashes is not None else "-"
-    logger.info(f"flexdemo: replica check at step {step}: {replica_group(group).size()} replicas identical "
+    logger.info(f"flexdemo: replica check at step {step}: {group.size()} replicas identical "
                 f"(local {what} digest {digest})")
     return digest
