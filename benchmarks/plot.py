@@ -326,6 +326,53 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
     return path, "\n".join(lines)
 
 
+def interval_frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, seeds: list[str] | None = None,
+                      title: str = "") -> tuple[Path, str]:
+    """Per setting (runs NAME_sSEED), its final held-out loss against the baseline's on each seed as
+    the mean and 95% interval over the paired seeds (benchmarks/paired_seeds.py) against its bytes
+    (the mean over its seeds) against B: a PNG with error bars, 0 and +1% drawn, and the table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paired_seeds import table as paired_table, verdict
+    from flexdemo.plan.intervals import paired_interval
+
+    final = {n: r.validation[max(r.validation)] for n, r in runs.items() if r.validation}
+    table = paired_table(final, baseline, seeds)
+    ring = ring_bytes([r for n, r in runs.items() if n.rpartition("_s")[0] == baseline])
+    base = {n.rpartition("_s")[2]: final[n] for n in final if n.rpartition("_s")[0] == baseline}
+    if seeds:
+        base = {s: base[s] for s in seeds if s in base}
+    fig, ax = plt.subplots(figsize=(10, 5))
+    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+    settings = sorted({n.rpartition("_s")[0] for n in final if n.rpartition("_s")[0] not in ("", baseline)})
+    for name in settings:
+        mine = {n.rpartition("_s")[2]: n for n in final if n.rpartition("_s")[0] == name and n.rpartition("_s")[2] in base}
+        if len(mine) < 2:
+            continue  # one seed: no interval, no point
+        iv = paired_interval([final[mine[s]] / base[s] - 1 for s in sorted(mine)])
+        nbytes = sum(_totals(runs[n], [max(runs[n].validation)])[max(runs[n].validation)] for n in mine.values()) / len(mine)
+        x = ring / nbytes if ring else nbytes
+        ax.errorbar([x], [100 * iv.mean], yerr=[[100 * iv.half_width], [100 * iv.half_width]], fmt="o", capsize=4,
+                    label=f"{describe(name)} ({len(mine)} seeds: {verdict(iv.low, iv.high)})")
+    ax.axhline(0, color="black", lw=1.2, label=f"{baseline} (each seed's own)")
+    ax.axhline(1, color="black", ls=":", lw=1, label="+1%")
+    ax.set_xscale("log")
+    ax.set_xlabel("fewer bytes than B, a bf16 ring all-reduce every step (log)" if ring else "bytes received per rank (log)")
+    ax.set_ylabel(f"held-out loss vs {baseline}, % (95% interval)")
+    ax.set_title(title or "loss against bytes, with intervals over paired seeds", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "loss_vs_bytes_intervals.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path, table
+
+
 def shaped_link_series(folder: Path) -> list[Series]:
     """The methods of a benchmarks/shaped_link.py folder, wall time with its latency model added
     (results.json): each validation's measured time + steps x collectives per step x RTT; a
@@ -391,12 +438,22 @@ def main() -> int:
     ap.add_argument("--same-bits", action="append", default=[], metavar="NAME=RUN:BYTES",
                     help="with --frontier: a point for RUN sent with a lossless coding (Elias-Fano indices), "
                          "its loss at BYTES received per rank in the whole run, named NAME; repeatable")
+    ap.add_argument("--intervals", action="store_true",
+                    help="with --frontier: each setting's mean and 95%% interval over paired seeds against AdamW, "
+                         "vs its bytes (loss_vs_bytes_intervals.png), and the table of benchmarks/paired_seeds.py")
+    ap.add_argument("--seeds", nargs="*", default=None, help="with --intervals: only these seeds (the claim seeds)")
     ap.add_argument("--out", default="outputs/plots")
     ap.add_argument("--title", default="")
     ap.add_argument("--target-runs", default=None,
                     help="with --csv or logs: the runs whose final held-out loss is the target line, comma-separated "
                          "(default: those named adamw*); with --shaped the target is results.json's")
     args = ap.parse_args()
+    if args.frontier and args.intervals:
+        path, table = interval_frontier(read_csv(Path(args.frontier)), Path(args.out), args.baseline, args.seeds,
+                                        args.title)
+        print(table)
+        print(path)
+        return 0
     if args.frontier:
         runs = read_csv(Path(args.frontier))
         same_bits = []

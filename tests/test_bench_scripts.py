@@ -296,6 +296,28 @@ def test_shaped_link_puts_one_replica_on_each_of_n_nodes():
     assert shaped_link.collectives_per_step("flexdemo_sharded", 32, 10, 4) == 2 + 2 / 10
 
 
+def test_interval_frontier_pairs_seeds_and_draws_each_setting_once(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [("adamw_s1", 3.0), ("adamw_s2", 4.0), ("adamw_s3", 2.0),
+            ("k8_s1", 3.3), ("k8_s2", 4.4), ("k8_s3", 2.2),     # +10% on every seed
+            ("k16_s1", 2.7), ("k16_s2", 4.4), ("k4_s1", 3.0)]  # -10% / +10%; one seed
+    with open(tmp_path / "runs.csv", "w") as f:
+        f.write(",".join(plot.FIELDS) + "\n")
+        for name, loss in rows:
+            f.write(f"{name},10,,,{loss},,,,,{1_000_000 if name.startswith('adamw') else 1_000},"
+                    f"{int(name.startswith('adamw'))}\n")
+    path, table = plot.interval_frontier(plot.read_csv(tmp_path / "runs.csv"), tmp_path / "out", "adamw")
+    assert path.is_file() and path.name == "loss_vs_bytes_intervals.png"
+    rows = {r.split(" | ")[0].strip("| "): r for r in table.splitlines() if r.startswith("| ") and "---" not in r}
+    assert "+10.0% [+10.0%, +10.0%] (95%, 3 seeds)" in rows["k8"] and "above the baseline" in rows["k8"]
+    assert "(95%, 2 seeds)" in rows["k16"] and "no difference measured" in rows["k16"]
+    assert "one seed: no claim" in rows["k4"]
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plot.py"), "--frontier", str(tmp_path / "runs.csv"),
+                        "--intervals", "--seeds", "1", "2", "--out", str(tmp_path / "cli")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "seeds 1, 2," in r.stdout and (tmp_path / "cli" / "loss_vs_bytes_intervals.png").is_file()
+
+
 def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
     pytest.importorskip("matplotlib")
     fields = plot.FIELDS
