@@ -1,11 +1,12 @@
-"""Every command docs/results.md and docs/planner.md give (their ```sh blocks) still parses and starts on today's code: a
-CPU dry run, no GPU and no training. `bash benchmarks/gpu.sh SUITE ...` and `bash benchmarks/recipe.sh
-STAGE ...` name a suite/stage those scripts have; the benchmark script behind each (runs.py,
-shaped_link.py, outer_step.py, elastic_outage.py, any `python3 benchmarks/X.py`) parses its
-arguments with its own argparse parser (the script runs up to parse_args and stops there); every
-torchtitan job a command names ("NAME CONFIG FLAGS" with --common, recipe.sh's variants) has its
-config file and passes scripts/launch.sh's pre-flight config check with those flags. All checks run
-in one subprocess (one torch/torchtitan import)."""
+"""Every command docs/results.md, docs/planner.md and benchmarks/README.md give (their ```sh blocks)
+still parses and starts on today's code: a CPU dry run, no GPU and no training. `bash
+benchmarks/gpu.sh SUITE ...` and `bash benchmarks/recipe.sh STAGE ...` name a suite/stage those
+scripts have; the benchmark script behind each (runs.py, shaped_link.py, outer_step.py,
+elastic_outage.py, any `python3 benchmarks/X.py`) parses its arguments with its own argparse parser
+(the script runs up to parse_args and stops there); every torchtitan job a command names ("NAME
+CONFIG FLAGS" with --common, recipe.sh's variants) has its config file and passes
+scripts/launch.sh's pre-flight config check with those flags. All checks run in one subprocess (one
+torch/torchtitan import)."""
 
 import json
 import re
@@ -19,7 +20,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "results.md"
-PAGES = (PAGE, REPO / "docs" / "planner.md")  # the planner's checks against the runs live on a page of their own
+# the planner's checks against the runs live on a page of their own; the comparison batches in benchmarks/README.md
+PAGES = (PAGE, REPO / "docs" / "planner.md", REPO / "benchmarks" / "README.md")
 PLOTS = REPO / "benchmarks" / "plots.sh"  # the page's plots, one plot.py call per line
 # The pre-flight module launch.sh runs (`"$PYTHON" -m MODULE CONFIG FLAGS`); read from launch.sh so a
 # move of the module follows it. The fallback is the one place to change if launch.sh stops naming it.
