@@ -14,17 +14,14 @@ read others).
 
 from __future__ import annotations
 
-import hashlib
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 from torch.utils.data import IterableDataset
 
+from .dataset import Tokenizer
+
 WINDOW_MULTIPLE = 64
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str, add_bos: bool = ..., add_eos: bool = ...) -> list[int]: ...
 
 
 class HeldOutTokens:
@@ -68,11 +65,6 @@ class HeldOutTokens:
             raise ValueError(f"{self.name}: [validation] steps {steps} outside 1..{total} (the whole held-out "
                              f"set at this layout); leave it at -1 to read every window")
         return (total if steps == -1 else steps) * batch_size
-
-    def digest(self, num_windows: int | None = None) -> str:
-        """sha256 of the first ``num_windows`` windows (all by default) as int32, in window order."""
-        n = self.num_windows if num_windows is None else num_windows
-        return hashlib.sha256(self.tokens[:n].to(torch.int32).numpy().tobytes()).hexdigest()
 
 
 class HeldOutWindows(IterableDataset):

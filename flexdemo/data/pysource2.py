@@ -17,8 +17,10 @@ The same files as ``pysource`` (version 1: flexdemo.data.pysource), with four ru
 4. **A held-out set that reads as one fixed token sequence** (flexdemo.data.heldout): units are
    taken in the order of the sha256 of their names, each no larger than ``HELDOUT_UNIT_MAX_CHARS``
    (no single package dominates), until ``HELDOUT_TARGET_CHARS`` and ``HELDOUT_MIN_DOCUMENTS`` are
-   reached (or a tenth of the corpus, in a small environment); each held-out document is cut to
-   ``HELDOUT_DOC_MAX_CHARS`` at a line end, so none is more than ~2% of the held-out tokens.
+   reached (or a tenth of the corpus, in a small environment); a unit holds out only its documents
+   of which at most ``HELDOUT_MAX_SHARED_LINES`` of the long lines' characters occur verbatim in
+   another unit (its others are left out of the corpus), each cut to ``HELDOUT_DOC_MAX_CHARS`` at a
+   line end, so none is more than ~2% of the held-out tokens.
 
 Training documents are cut at line ends into pieces of at most ``PIECE_CHARS`` characters, which
 the dataset shuffles each epoch like documents: no long single-file stretches in the stream (a

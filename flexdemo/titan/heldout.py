@@ -16,10 +16,6 @@ from flexdemo.data.heldout import HeldOutTokens, HeldOutWindows
 from .data import assets_dir_for_validation
 
 
-def is_embedded_validation(job_config) -> bool:
-    return bool(job_config.validation.dataset) and job_config.validation.dataset.lower() in SPLITS
-
-
 def build_heldout_dataloader(job_config, dp_world_size: int, dp_rank: int, tokenizer: Any) -> ParallelAwareDataloader:
     val = job_config.validation
     name = val.dataset.lower()

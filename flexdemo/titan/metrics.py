@@ -42,11 +42,12 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
 from flexdemo.compression.exchange import hsdp_allreduce_bytes
+from flexdemo.data.dataset import is_embedded_dataset
 from flexdemo.local import local_tensor
 from flexdemo.optim.nonfinite import RepeatedSkipsError, SkipStreak, describe_nonfinite
 
 from .config import replica_local_loss
-from .heldout import build_heldout_dataloader, is_embedded_validation
+from .heldout import build_heldout_dataloader
 
 
 class ExchangeMeter:
@@ -349,7 +350,7 @@ def wrap_validator_builder(build_validator: Callable[..., Any]) -> Callable[...,
         validator = build_validator(*args, **kwargs)
         given = {**dict(zip(positional, args)), **kwargs}  # torchtitan passes them by keyword
         job_config = given.get("job_config")
-        if is_embedded_validation(job_config):
+        if job_config is not None and is_embedded_dataset(job_config.validation.dataset):
             validator.validation_dataloader = build_heldout_dataloader(
                 job_config, given["dp_world_size"], given["dp_rank"], given["tokenizer"])
         section = getattr(job_config, "flexdemo", None)
