@@ -53,7 +53,8 @@ class Built:
     optimizer_cls: type
     optimizer_kwargs: dict[str, Any]
     per_replica_state: bool  # each replica's optimizer state is its own (checkpointed per replica)
-    outer: Any = None  # the DiLoCo outer step (flexdemo.optim.DiLoCo), or None
+    # inner optimizers -> the DiLoCo outer step (flexdemo.optim.DiLoCo) built around them; None: no outer step
+    outer: Callable[[list], Any] | None = None
     container_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. last_step for DeMo's overlap
 
 
@@ -194,42 +195,48 @@ def _build_outer(topk: bool) -> Builder:
                 f"the last {steps % cfg.sync_interval} steps end without an outer step, and the model "
                 "saved last is each replica's own local one"
             )
-        outer = DiLoCo(
-            model_parts[0].named_parameters(),
-            sync_interval=cfg.sync_interval,
-            outer_lr=cfg.outer_lr,
-            outer_momentum=cfg.outer_momentum,
-            nesterov=cfg.outer_nesterov,
-            compression="topk" if topk else "dense",
-            value_encoding=cfg.outer_value_encoding,
-            topk=cfg.outer_topk,
-            chunk=cfg.outer_chunk,
-            decay=cfg.outer_decay,
-            replicate_group=group,
-            state_device=cfg.outer_state_device,
-            kernel_precision=cfg.kernel_precision,
-            exchange_timeout=cfg.exchange_timeout_seconds or None,
-            nonfinite=cfg.nonfinite,
-            max_consecutive_skips=cfg.max_consecutive_skips,
-            exchange=cfg.exchange,
-            sharded_topk=cfg.sharded_topk,
-            index_coding=cfg.index_coding,
-            transform=cfg.outer_transform if topk else "dct",  # dense: not read, and said so (ignored keys)
-        )
+        named = list(model_parts[0].named_parameters())
         cls, kwargs = inner
         kind = "DCT" if cfg.outer_transform == "dct" else "raw-value"
         compression = (
             f"{kind} top-k (topk={cfg.outer_topk}, chunk={cfg.outer_chunk}, decay={cfg.outer_decay}, "
             f"exchange={describe_exchange(cfg, cfg.outer_topk)})" if topk else "dense"
         )
-        logger.info(
-            f"flexdemo: mode={cfg.mode}: {inner_name} inside each replica, outer step every "
-            f"{cfg.sync_interval} steps over dp_replicate={replicas}: {compression}, "
-            f"{cfg.outer_value_encoding} values, SGD lr={cfg.outer_lr} momentum={cfg.outer_momentum} "
-            f"nesterov={cfg.outer_nesterov}, state on {cfg.outer_state_device} "
-            f"({outer.state_bytes_per_param()} bytes/param)"
-        )
-        return Built(cls, kwargs, per_replica_state=True, outer=outer)  # each replica's Adam state is its own
+
+        def outer_step(inner_optimizers: list):  # built once the container has made the inner optimizers
+            outer = DiLoCo(
+                named,
+                sync_interval=cfg.sync_interval,
+                outer_lr=cfg.outer_lr,
+                outer_momentum=cfg.outer_momentum,
+                nesterov=cfg.outer_nesterov,
+                compression="topk" if topk else "dense",
+                value_encoding=cfg.outer_value_encoding,
+                topk=cfg.outer_topk,
+                chunk=cfg.outer_chunk,
+                decay=cfg.outer_decay,
+                replicate_group=group,
+                state_device=cfg.outer_state_device,
+                kernel_precision=cfg.kernel_precision,
+                exchange_timeout=cfg.exchange_timeout_seconds or None,
+                nonfinite=cfg.nonfinite,
+                max_consecutive_skips=cfg.max_consecutive_skips,
+                exchange=cfg.exchange,
+                sharded_topk=cfg.sharded_topk,
+                index_coding=cfg.index_coding,
+                transform=cfg.outer_transform if topk else "dct",  # dense: not read, and said so (ignored keys)
+                inner_optimizers=inner_optimizers,  # a discarded cycle resets their state
+            )
+            logger.info(
+                f"flexdemo: mode={cfg.mode}: {inner_name} inside each replica, outer step every "
+                f"{cfg.sync_interval} steps over dp_replicate={replicas}: {compression}, "
+                f"{cfg.outer_value_encoding} values, SGD lr={cfg.outer_lr} momentum={cfg.outer_momentum} "
+                f"nesterov={cfg.outer_nesterov}, state on {cfg.outer_state_device} "
+                f"({outer.state_bytes_per_param()} bytes/param)"
+            )
+            return outer
+
+        return Built(cls, kwargs, per_replica_state=True, outer=outer_step)  # each replica's Adam state is its own
     return build
 
 

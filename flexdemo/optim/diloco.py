@@ -209,8 +209,8 @@ class DiLoCo:
 
     def set_inner_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """The optimizers of the inner steps, whose state a discarded cycle resets: for a caller
-        that builds them after the DiLoCo (torchtitan's optimizer container builds them in its
-        constructor, which takes the DiLoCo); otherwise pass ``inner_optimizers=``."""
+        that builds them after the DiLoCo; otherwise pass ``inner_optimizers=`` (flexdemo's
+        torchtitan container does: it builds the DiLoCo around the inner optimizers it made)."""
         optimizers = list(optimizers)
         wrong = [type(o).__name__ for o in optimizers if not isinstance(o, torch.optim.Optimizer)]
         if wrong:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import fields
-from typing import Any
+from typing import Any, Callable
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torchtitan.components.optimizer import OptimizersContainer
@@ -117,16 +118,15 @@ class FlexOptimizersContainer(OptimizersContainer):
         per_replica_state: bool,
         format_key: str,
         resume: Resume | None = None,
-        outer: DiLoCo | None = None,
+        outer: Callable[[list[torch.optim.Optimizer]], DiLoCo] | None = None,
         last_step: int | None = None,
         max_consecutive_skips: int = 0,
         job_replicas: int = 1,
         replica_index: int | None = None,
     ) -> None:
         super().__init__(model_parts, optimizer_cls, optimizer_kwargs)
-        self.outer = outer
-        if outer is not None:
-            outer.set_inner_optimizers(self.optimizers)  # a discarded cycle resets their state
+        # the mode's outer step, built around the inner optimizers just made (flexdemo.modes)
+        self.outer = outer(self.optimizers) if outer is not None else None
         self.last_step = last_step
         self.replicate_group = replicate_group
         self.replica_check_interval = replica_check_interval
@@ -137,12 +137,12 @@ class FlexOptimizersContainer(OptimizersContainer):
                         else replicate_group.rank() if replicate_group is not None else 0)
         self.step_count = 0
         compressors = [getattr(o, "compressor", None) for o in self.optimizers]
-        compressors.append(outer.compressor if outer is not None else None)
+        compressors.append(self.outer.compressor if self.outer is not None else None)
         fused_kernels = any(c is not None and c.uses_fused_kernels for c in compressors)
         self.checkpoint = OptimizerCheckpoint(format_key, resume, self.replica,
                                               per_replica_state and replicate_group is not None, job_replicas)
-        self.meter = ExchangeMeter(self.optimizers, outer, modelled_bytes_per_step, fused_kernels)
-        self.skips = SkippedUpdates(model_parts, self.optimizers, outer, self.replica, last_step,
+        self.meter = ExchangeMeter(self.optimizers, self.outer, modelled_bytes_per_step, fused_kernels)
+        self.skips = SkippedUpdates(model_parts, self.optimizers, self.outer, self.replica, last_step,
                                     max_consecutive_skips)
         for c in compressors:  # every rank: its shard's blocks, which uneven shards make differ
             if c is not None:
