@@ -28,8 +28,8 @@ learns which replicas and parameters were non-finite (two small object all_gathe
 cycle only).
 
 A discarded cycle also **resets** the inner optimizers' state on every replica (given as
-``inner_optimizers=``, or by :meth:`set_inner_optimizers` where they are built after the DiLoCo,
-as in torchtitan's optimizer container): every state tensor is zeroed in place, for Adam/AdamW
+``inner_optimizers=``, as flexdemo's torchtitan container passes them, or by
+:meth:`set_inner_optimizers` where they are built after the DiLoCo): every state tensor is zeroed in place, for Adam/AdamW
 exactly a fresh state (step 0, zero moments), so the next cycle starts from finite moments
 (keeping them left the replica that blew up NaN forever: every later cycle was discarded too).
 Reset, not restore: restoring the cycle's starting moments needs a snapshot of them at every
