@@ -42,21 +42,29 @@ def verdict(low: float, high: float) -> str:
     return "no difference measured"
 
 
-def table(final: dict[str, float], baseline: str, seeds: list[str] | None = None) -> str:
+def paired(final: dict[str, float], baseline: str, seeds: list[str] | None = None
+           ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """(the baseline's final loss per seed, {setting: {seed: d}}): every run NAME_sSEED on a seed the
+    baseline has (and ``seeds`` lists), d = its loss / the baseline's on that seed - 1."""
     base = {run.rsplit("_s", 1)[1]: loss for run, loss in final.items() if run.rsplit("_s", 1)[0] == baseline}
     if seeds:
         base = {s: base[s] for s in seeds if s in base}
-    if len(base) < 1:
+    if not base:
         raise ValueError(f"no {baseline}_sSEED runs")
-    spread = statistics.stdev(base.values()) / statistics.fmean(base.values()) if len(base) > 1 else float("nan")
-    lines = [f"{baseline}: seeds {', '.join(sorted(base))}, finals "
-             f"{' / '.join(f'{base[s]:.4f}' for s in sorted(base))}, std / mean {spread:.2%}", "",
-             "| setting | seeds | d per seed | mean [95% interval] | verdict |", "|---|---|---|---|---|"]
     settings: dict[str, dict[str, float]] = {}
     for run, loss in final.items():
         name, _, seed = run.rpartition("_s")
         if name and name != baseline and seed in base:
             settings.setdefault(name, {})[seed] = loss / base[seed] - 1
+    return base, settings
+
+
+def table(final: dict[str, float], baseline: str, seeds: list[str] | None = None) -> str:
+    base, settings = paired(final, baseline, seeds)
+    spread = statistics.stdev(base.values()) / statistics.fmean(base.values()) if len(base) > 1 else float("nan")
+    lines = [f"{baseline}: seeds {', '.join(sorted(base))}, finals "
+             f"{' / '.join(f'{base[s]:.4f}' for s in sorted(base))}, std / mean {spread:.2%}", "",
+             "| setting | seeds | d per seed | mean [95% interval] | verdict |", "|---|---|---|---|---|"]
     for name in sorted(settings):
         d = settings[name]
         iv = paired_interval([d[s] for s in sorted(d)])

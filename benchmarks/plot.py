@@ -201,12 +201,7 @@ def plot(all_series: list[Series], out_dir: Path, title: str = "",
         ax.set_xlabel(xlabel)
         ax.set_ylabel("loss (held-out validation unless labelled)")
         ax.set_title(title + "\n(y zoomed: the early part of the curves lies above the axis)", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=120)
-        plt.close(fig)
-        written.append(out_dir / name)
+        written.append(_save(fig, ax, out_dir, name))
     return written
 
 
@@ -316,14 +311,21 @@ def frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, title: str =
     ax.set_title((title or "final held-out loss vs bytes") +
                  f"\nfilled: seed {seeds[0]}, hollow: seed{'s' * (len(seeds) > 2)} "
                  f"{', '.join(map(str, seeds[1:]))}; dashed: {baseline} per seed", fontsize=9)
+    return _save(fig, ax, out_dir, "loss_vs_bytes_final.png"), "\n".join(lines)
+
+
+def _save(fig, ax, out_dir: Path, name: str) -> Path:
+    """A grid, the legend right of the axes, and the figure as OUT_DIR/NAME (closed)."""
+    import matplotlib.pyplot as plt
+
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "loss_vs_bytes_final.png"
+    path = out_dir / name
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return path, "\n".join(lines)
+    return path
 
 
 def interval_frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, seeds: list[str] | None = None,
@@ -336,41 +338,30 @@ def interval_frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, see
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from paired_seeds import table as paired_table, verdict
+    from paired_seeds import paired, table as paired_table, verdict
     from flexdemo.plan.intervals import paired_interval
 
     final = {n: r.validation[max(r.validation)] for n, r in runs.items() if r.validation}
-    table = paired_table(final, baseline, seeds)
+    _, settings = paired(final, baseline, seeds)
     ring = ring_bytes([r for n, r in runs.items() if n.rpartition("_s")[0] == baseline])
-    base = {n.rpartition("_s")[2]: final[n] for n in final if n.rpartition("_s")[0] == baseline}
-    if seeds:
-        base = {s: base[s] for s in seeds if s in base}
     fig, ax = plt.subplots(figsize=(10, 5))
     ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
-    settings = sorted({n.rpartition("_s")[0] for n in final if n.rpartition("_s")[0] not in ("", baseline)})
-    for name in settings:
-        mine = {n.rpartition("_s")[2]: n for n in final if n.rpartition("_s")[0] == name and n.rpartition("_s")[2] in base}
-        if len(mine) < 2:
+    for name, d in sorted(settings.items()):
+        if len(d) < 2:
             continue  # one seed: no interval, no point
-        iv = paired_interval([final[mine[s]] / base[s] - 1 for s in sorted(mine)])
-        nbytes = sum(_totals(runs[n], [max(runs[n].validation)])[max(runs[n].validation)] for n in mine.values()) / len(mine)
+        iv = paired_interval([d[s] for s in sorted(d)])
+        last = [(runs[f"{name}_s{s}"], max(runs[f"{name}_s{s}"].validation)) for s in d]
+        nbytes = sum(_totals(run, [step])[step] for run, step in last) / len(last)
         x = ring / nbytes if ring else nbytes
         ax.errorbar([x], [100 * iv.mean], yerr=[[100 * iv.half_width], [100 * iv.half_width]], fmt="o", capsize=4,
-                    label=f"{describe(name)} ({len(mine)} seeds: {verdict(iv.low, iv.high)})")
+                    label=f"{describe(name)} ({len(d)} seeds: {verdict(iv.low, iv.high)})")
     ax.axhline(0, color="black", lw=1.2, label=f"{baseline} (each seed's own)")
     ax.axhline(1, color="black", ls=":", lw=1, label="+1%")
     ax.set_xscale("log")
     ax.set_xlabel("fewer bytes than B, a bf16 ring all-reduce every step (log)" if ring else "bytes received per rank (log)")
     ax.set_ylabel(f"held-out loss vs {baseline}, % (95% interval)")
     ax.set_title(title or "loss against bytes, with intervals over paired seeds", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "loss_vs_bytes_intervals.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path, table
+    return _save(fig, ax, out_dir, "loss_vs_bytes_intervals.png"), paired_table(final, baseline, seeds)
 
 
 def shaped_link_series(folder: Path) -> list[Series]:

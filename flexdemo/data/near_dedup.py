@@ -101,18 +101,6 @@ def signatures(texts: Sequence[str], seed: int = 0, workers: int | None = None) 
     return out
 
 
-def jaccard(text_a: str, text_b: str) -> float:
-    """Exact Jaccard similarity of two texts' 5-token shingle sets (the quantity the signatures
-    estimate); for tests and audits."""
-
-    def shingle_set(text):
-        toks = _TOKEN.findall(text)
-        return {tuple(toks[i:i + SHINGLE]) for i in range(max(1, len(toks) - SHINGLE + 1))}
-
-    a, b = shingle_set(text_a), shingle_set(text_b)
-    return len(a & b) / max(1, len(a | b))
-
-
 def near_duplicate_clusters(texts: Sequence[str], threshold: float = THRESHOLD,
                             seed: int = 0) -> list[int]:
     """For every text, the index of its cluster's representative (the lowest index in the cluster).

@@ -231,12 +231,16 @@ def build_tokenizer(job_config: JobConfig) -> BaseTokenizer:
     return tokenizer
 
 
-def assets_dir_for_validation(job_config: JobConfig, corpus: str) -> str:
-    """Where the validator reads ``corpus``: ``[validation] dataset_path``, else the directory the
-    training loader chose for it, else the default cache."""
-    if job_config.validation.dataset_path:
-        return ensure_assets(job_config.validation.dataset_path, corpus=corpus)
+def _validation_assets(path: str | None, corpus: str) -> str:
+    """Where the validator reads ``corpus``: ``path`` ([validation] dataset_path), else the
+    directory the training loader chose for it, else the default cache."""
+    if path:
+        return ensure_assets(path, corpus=corpus)
     return _last_assets_dir.get(corpus) or ensure_assets(corpus=corpus)
+
+
+def assets_dir_for_validation(job_config: JobConfig, corpus: str) -> str:
+    return _validation_assets(job_config.validation.dataset_path, corpus)
 
 
 def _hf_loader(corpus: str, split: str):
@@ -245,11 +249,7 @@ def _hf_loader(corpus: str, split: str):
     def load(path: str):
         from datasets import Dataset  # torchtitan's dependency; imported lazily
 
-        if path:
-            assets_dir = ensure_assets(path, corpus=corpus)
-        else:
-            assets_dir = _last_assets_dir.get(corpus) or ensure_assets(corpus=corpus)
-        return Dataset.from_dict({"text": load_corpus(assets_dir)[split]})
+        return Dataset.from_dict({"text": load_corpus(_validation_assets(path, corpus))[split]})
 
     return load
 
