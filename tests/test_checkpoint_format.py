@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from flexdemo.run_settings import RunSettings
 from flexdemo.titan import checkpoint
 from flexdemo.titan.config import FlexDemo, FlexDemoConfigError
 from flexdemo.wire.format import WIRE_FORMAT_VERSION
@@ -18,20 +19,24 @@ FORMAT_5_PLAIN = "mode=demo,topk=32,chunk=64,value_encoding=sign,overlap=False"
 FORMAT_5_OVERLAP = "mode=demo,topk=32,chunk=64,value_encoding=sign,overlap=True"
 
 
+def _tag(cfg) -> str:
+    return RunSettings(cfg).checkpoint_tag
+
+
 def _resume(monkeypatch, saved_tag, cfg):
     key = f"optimizer.flexdemo.format[{saved_tag}].replicas=2.shards=1"
     monkeypatch.setattr(checkpoint, "checkpoint_to_resume", lambda job_config: PATH)
     monkeypatch.setattr(checkpoint, "saved_keys", lambda path: {key, "optimizer.state.w.delta"})
     monkeypatch.setattr(checkpoint, "_check_data_position", lambda *args: None)
     job_config = SimpleNamespace(fault_tolerance=SimpleNamespace(enable=False))
-    return checkpoint.plan_resume(job_config, cfg, 2, 1, FlexDemoConfigError)
+    return checkpoint.plan_resume(job_config, RunSettings(cfg), 2, 1, FlexDemoConfigError)
 
 
 def test_only_an_overlap_tag_names_the_payload_format():
-    assert checkpoint.format_tag(FlexDemo(mode="demo")) == FORMAT_5_PLAIN  # as format 5 wrote it
-    assert checkpoint.format_tag(FlexDemo(mode="demo", overlap=True)) == \
+    assert _tag(FlexDemo(mode="demo")) == FORMAT_5_PLAIN  # as format 5 wrote it
+    assert _tag(FlexDemo(mode="demo", overlap=True)) == \
         f"{FORMAT_5_OVERLAP},payload_format={WIRE_FORMAT_VERSION}"
-    assert "payload_format" not in checkpoint.format_tag(FlexDemo(mode="demo_diloco"))
+    assert "payload_format" not in _tag(FlexDemo(mode="demo_diloco"))
 
 
 def test_a_format_5_checkpoint_without_overlap_loads(monkeypatch):
@@ -52,7 +57,7 @@ def test_a_format_5_exchange_in_flight_is_refused_naming_the_format(monkeypatch)
 
 def test_an_exchange_in_flight_of_this_format_loads(monkeypatch):
     cfg = FlexDemo(mode="demo", overlap=True)
-    assert _resume(monkeypatch, checkpoint.format_tag(cfg), cfg) is not None
+    assert _resume(monkeypatch, _tag(cfg), cfg) is not None
 
 
 def test_other_settings_beside_the_format_get_the_settings_line(monkeypatch):

@@ -1,7 +1,8 @@
 """The mode registry (flexdemo.modes): every mode declared once, read by everything else.
 
 * checkpoints written before the registry keep their tags (the strings below are what
-  flexdemo.titan.checkpoint.format_tag wrote for these settings before it asked the registry);
+  flexdemo.titan.checkpoint.format_tag wrote for these settings before the registry and
+  flexdemo.run_settings);
 * every [flexdemo] key is read by some mode, and each mode's keys exist;
 * outside the registry no code branches on a mode's name.
 """
@@ -14,7 +15,7 @@ from typing import get_args
 import pytest
 
 from flexdemo.modes import EVERY_MODE_KEYS, MODES, mode_of
-from flexdemo.titan.checkpoint import format_tag
+from flexdemo.run_settings import RunSettings
 from flexdemo.titan.config import FlexDemo, Mode
 
 ROOT = Path(__file__).resolve().parent.parent / "flexdemo"
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent / "flexdemo"
      "mode=demo_diloco,outer_momentum=True,outer_value_encoding=two_bit,outer_topk=64,outer_chunk=64"),
 ])
 def test_checkpoint_tags_are_the_ones_written_before(settings, tag):
-    assert format_tag(FlexDemo(**settings)) == tag
+    assert RunSettings(FlexDemo(**settings)).checkpoint_tag == tag
 
 
 def test_the_registry_is_the_modes_and_their_keys_are_the_sections():

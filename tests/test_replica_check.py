@@ -55,6 +55,7 @@ def _resync(rank, world, action, drift):
     import torch.nn as nn
 
     from flexdemo.replica_group import StaticReplicaGroup
+    from flexdemo.titan.replica_sync import EveryStep, OuterCycle
     from flexdemo.titan.replicas import ReplicaSyncError, verify_or_resync
 
     torch.manual_seed(0)
@@ -64,7 +65,8 @@ def _resync(rank, world, action, drift):
         with torch.no_grad():
             model.weight[0, 0] += 1.0
     try:
-        resynced = verify_or_resync([model], StaticReplicaGroup(), step=7, action=action, outer=outer)  # the world
+        sync = OuterCycle(outer) if outer is not None else EveryStep([], None, None)
+        resynced = verify_or_resync([model], StaticReplicaGroup(), step=7, action=action, sync=sync)  # the world
     except ReplicaSyncError as e:
         return "stopped", str(e)
     shared = outer.entries[0].global_copy if outer is not None else torch.zeros(3)

@@ -72,7 +72,11 @@ def test_an_unreachable_lighthouse_ends_the_replica_with_one_line(tmp_path, asse
 
 def test_a_replica_is_refused_at_join_naming_the_setting_it_does_not_share():
     from flexdemo.elastic.group import ElasticJoinError
-    from flexdemo.titan.elastic import join_settings, refuse_if_different
+    from flexdemo.titan.config import run_settings
+    from flexdemo.titan.elastic import refuse_if_different
+
+    def join_settings(job_config):
+        return run_settings(job_config).items()
 
     quorum = join_settings(_job())
     names = [k for k, _ in quorum]

@@ -41,8 +41,6 @@ import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
-from flexdemo.modes import mode_of
-
 
 FORMAT_PREFIX = "flexdemo.format["
 # Extra keys in the (flattened) optimizer state dict: the step count (the same on every rank)
@@ -59,13 +57,6 @@ OUTER_PREFIX = "flexdemo.diloco."
 PENDING_PREFIX = "flexdemo.pending_exchange."
 _FORMAT_RE = re.compile(r"^(?:optimizer\.)?flexdemo\.format\[(.*)\]\.replicas=(\d+)\.shards=(\d+)$")
 _REPLICA_RE = re.compile(r"@replica(\d+)\.")
-
-
-def format_tag(cfg) -> str:
-    """The settings without which a saved state cannot be read correctly: the mode and what its
-    entry in flexdemo.modes records."""
-    items = {"mode": cfg.mode, **mode_of(cfg).checkpoint_items(cfg)}
-    return ",".join(f"{k}={v}" for k, v in items.items())
 
 
 def format_key(tag: str, replicas: int, shards: int) -> str:
@@ -114,8 +105,9 @@ class Resume:
         return _REPLICA_RE.sub(f"@replica{self.source_replica(replica)}.", key, count=1)
 
 
-def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | None:
-    """Check the checkpoint this run will resume against its settings; raise ``error`` with one
+def plan_resume(job_config, settings, replicas: int, shards: int, error) -> Resume | None:
+    """Check the checkpoint this run will resume against its ``settings`` (flexdemo.run_settings:
+    the checkpoint tag, the mode's entry); raise ``error`` with one
     clear message where it cannot be resumed. None when nothing will be resumed."""
     path = checkpoint_to_resume(job_config)
     if path is None:
@@ -131,7 +123,7 @@ def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | 
     if not formats:
         raise error(f"checkpoint {path} was not written by a flexdemo optimizer (no flexdemo.format key); {switch}")
     saved_tag, saved_replicas, saved_shards = formats[0].group(1), int(formats[0].group(2)), int(formats[0].group(3))
-    tag = format_tag(cfg)
+    tag = settings.checkpoint_tag
     saved_format, run_format = _payload_format(saved_tag), _payload_format(tag)
     if saved_tag != tag and _without_payload_format(saved_tag) == _without_payload_format(tag) and run_format:
         raise error(f"checkpoint {path} holds an exchange in flight (overlap) in payload format "
@@ -139,7 +131,7 @@ def plan_resume(job_config, cfg, replicas: int, shards: int, error) -> Resume | 
                     f"with the flexdemo version that wrote it (finishing the exchange in flight), or {switch}")
     if saved_tag != tag:
         raise error(f"checkpoint {path} was written with [{saved_tag}], this run asks for [{tag}]; {switch}")
-    if (saved_replicas, saved_shards) != (replicas, shards) and mode_of(cfg).in_flight(cfg):
+    if (saved_replicas, saved_shards) != (replicas, shards) and settings.mode.in_flight(settings.section):
         raise error(f"checkpoint {path} holds an exchange in flight (overlap) of {saved_replicas} replicas x "
                     f"{saved_shards} shards; resume it on that topology")
     return Resume(path, formats[0].group(0).removeprefix("optimizer."), saved_replicas, saved_shards, keys,
@@ -211,15 +203,14 @@ class OptimizerCheckpoint:
         self.bytes_key = f"{BYTES_KEY}.rank{dist.get_rank() if dist.is_initialized() else 0}"
         self._resume_renames: dict[str, str] = {}
 
-    def save(self, sd: dict[str, Any], *, step: int, byte_totals: tuple[int, int], outer, overlapped) -> dict[str, Any]:
+    def save(self, sd: dict[str, Any], *, step: int, byte_totals: tuple[int, int], sync, overlapped) -> dict[str, Any]:
         """torchtitan's flattened optimizer state ``sd`` as this checkpoint keeps it."""
         if self.replica_prefix:
             sd = {_swap_prefix(k, STATE_PREFIX, self.replica_prefix): v for k, v in sd.items()}
         sd[self.format_key] = torch.zeros(1, dtype=torch.int64)  # its name is what counts
         sd[STEP_KEY] = torch.tensor([step], dtype=torch.int64)
         sd[self.bytes_key] = torch.tensor(list(byte_totals), dtype=torch.int64)
-        if outer is not None:
-            sd.update(outer.state_dict(OUTER_PREFIX, replica_outer_prefix(self.replica)))
+        sd.update(sync.state_dict(OUTER_PREFIX, replica_outer_prefix(self.replica)))  # DiLoCo's outer state
         for i, opt in enumerate(overlapped):
             # The exchange in flight: every replica's bytes, as this rank gathered them.
             for name, value in opt.pending_state().items():
@@ -239,7 +230,7 @@ class OptimizerCheckpoint:
             self._resume_renames[saved] = key
         return out
 
-    def load(self, state_dict: dict[str, Any], *, outer, overlapped) -> Loaded:
+    def load(self, state_dict: dict[str, Any], *, sync, overlapped) -> Loaded:
         """Load flexdemo's own keys of ``state_dict`` (the exchange in flight, the DiLoCo outer state);
         the rest back under torchtitan's keys, for the container's optimizers."""
         if self.resume is not None:
@@ -254,12 +245,8 @@ class OptimizerCheckpoint:
             prefix = f"{PENDING_PREFIX}{i}.rank{dist.get_rank()}."
             opt.load_pending_state({k[len(prefix):]: state_dict.pop(k) for k in list(state_dict)
                                     if k.startswith(prefix)})
-        if outer is not None:
-            prefixes = (OUTER_PREFIX, replica_outer_prefix(self.replica))
-            outer_sd = {k: state_dict.pop(k) for k in list(state_dict) if k.startswith(prefixes)}
-            # Also restores each replica's own local parameters (the model's keys hold one
-            # replica's shards only): must run after DCP has loaded the model's tensors.
-            outer.load_state_dict(outer_sd, *prefixes)
+        prefixes = (OUTER_PREFIX, replica_outer_prefix(self.replica))
+        sync.load_state_dict({k: state_dict.pop(k) for k in list(state_dict) if k.startswith(prefixes)}, *prefixes)
         if self.replica_prefix:
             state_dict = {_swap_prefix(k, self.replica_prefix, STATE_PREFIX): v for k, v in state_dict.items()}
         return Loaded(state_dict, None if step is None else int(step.item()),

@@ -23,6 +23,7 @@ from flexdemo.compression.compressor import Exchange, KernelPrecision
 from flexdemo.data.dataset import is_embedded_dataset
 from flexdemo.modes import MODES, mode_of
 from flexdemo.optim.diloco_args import StateDevice, TopkEncoding
+from flexdemo.run_settings import RunSettings
 from flexdemo.wire.dct import Transform
 from flexdemo.wire.format import IndexCoding, ValueEncoding
 
@@ -378,6 +379,26 @@ class JobConfig(_TitanJobConfig):
     """torchtitan's JobConfig plus the [flexdemo] section."""
 
     flexdemo: FlexDemo = field(default_factory=FlexDemo)
+
+
+# (section, keys) of a torchtitan 0.2.2 job config that every replica must share, besides all of
+# [flexdemo] (flexdemo.run_settings). Per-replica settings (replica_id, folders, logging) are not.
+SHARED_KEYS = (
+    ("model", ("name", "flavor")),
+    ("training", ("dataset", "seq_len", "local_batch_size", "global_batch_size", "steps", "max_norm",
+                  "mixed_precision_param", "mixed_precision_reduce")),
+    ("optimizer", ("name", "lr", "eps", "weight_decay", "beta1", "beta2")),
+    ("lr_scheduler", ("warmup_steps", "decay_ratio", "decay_type", "min_lr_factor")),
+    ("parallelism", ("data_parallel_shard_degree", "tensor_parallel_degree", "context_parallel_degree")),
+    ("fault_tolerance", ("group_size", "min_replica_size", "process_group")),
+)
+
+
+def run_settings(job_config) -> RunSettings:
+    """What the replicas of this run must agree on (flexdemo.run_settings), made once per reader."""
+    job = tuple((f"{section}.{k}", repr(getattr(getattr(job_config, section), k)))
+                for section, keys in SHARED_KEYS for k in keys if hasattr(getattr(job_config, section), k))
+    return RunSettings(flexdemo_section(job_config), job)
 
 
 def flexdemo_section(job_config) -> FlexDemo:

@@ -20,7 +20,7 @@ from then on); the rejoined replica's are what its own checkpoint held, or zero 
 Its data: its own shard from where its checkpoint left it, or from the start (torchft's
 default; the dataloader is not healed), so some of its documents are seen twice. Before
 loading anything it compares the peer's settings and install with its own
-(:func:`join_settings`) and is refused on a difference.
+(flexdemo.run_settings) and is refused on a difference.
 
 The checks of ``[fault_tolerance]`` (:func:`check_elastic`) run with the rest of the config's
 (flexdemo.titan.config), before any process group exists.
@@ -28,10 +28,8 @@ The checks of ``[fault_tolerance]`` (:func:`check_elastic`) run with the rest of
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
-from dataclasses import fields
 
 import torch
 from torchtitan.components.checkpoint import LR_SCHEDULER, MODEL
@@ -71,16 +69,15 @@ def data_shard(job_config, dp_world_size: int, dp_rank: int) -> tuple[int, int]:
 def quorum_due(trainer) -> bool:
     """Whether this step starts with a quorum: every step, but in the DiLoCo modes only at a
     cycle's start."""
-    outer = getattr(trainer.optimizers, "outer", None)
-    return outer is None or outer.inner_steps == 0
+    return trainer.optimizers.sync.at_cycle_start
 
 
 def attach(trainer) -> None:
     """Let a rejoining replica heal from this one's state, and this one from a live peer's."""
     container, states = trainer.optimizers, trainer.checkpointer.states
-    group, outer = container.replicate_group, container.outer
-    # the job's shared keys and install, and the very list the start-up agreement compares
-    settings = join_settings(trainer.job_config) + container.agreement_settings()
+    group, sync = container.replicate_group, container.sync
+    # the run's settings and install, and the very lists the start-up agreement compared
+    settings = container.run_settings.items() + container.agreement_settings()
     replica_id = trainer.job_config.fault_tolerance.replica_id
 
     def state_dict():
@@ -92,7 +89,7 @@ def attach(trainer) -> None:
         return {"settings": settings, "model": model, "lr_scheduler": states[LR_SCHEDULER].state_dict(),
                 "lrs": [[g["lr"] for g in opt.param_groups] for opt in container.optimizers],
                 "train_state": trainer.state_dict(), "optimizer_steps": container.step_count,
-                "outer": outer.heal_state() if outer is not None else None}
+                "outer": sync.heal_state()}
 
     def load_state_dict(sd):
         refuse_if_different(settings, sd["settings"], replica_id)  # before anything is loaded
@@ -103,8 +100,7 @@ def attach(trainer) -> None:
                 g["lr"] = lr
         trainer.load_state_dict(sd["train_state"])
         container.step_count = sd["optimizer_steps"]
-        if outer is not None:
-            outer.load_heal_state(sd["outer"])
+        sync.load_heal_state(sd["outer"])
         logger.info(f"flexdemo: elastic replica healed from a live peer at step {trainer.step}")
 
     group.manager.register_state_dict_fn("flexdemo", load_state_dict, state_dict)
@@ -150,40 +146,11 @@ def check_elastic(job_config, fail) -> None:
 # -- what a joining replica must share with the quorum -------------------------------------
 # Replicas that train with different settings would pair different collectives or decode the
 # same bytes differently; over a fixed group flexdemo's start-up agreement catches that
-# (flexdemo.compression.agreement), but an elastic replica joins a quorum that is already
-# training. So the peer's settings travel with its state (attach: every joining replica heals
-# from a live peer, at step 0 too, torchft's init_sync), and the joiner compares them with its own
-# before it loads anything: a difference refuses it, naming the first setting that differs.
-# Per-replica settings (replica_id, folders, logging) are not compared.
-
-# (section, keys) of the job config that every replica must share, besides all of [flexdemo].
-SHARED_KEYS = (
-    ("model", ("name", "flavor")),
-    ("training", ("dataset", "seq_len", "local_batch_size", "global_batch_size", "steps", "max_norm",
-                  "mixed_precision_param", "mixed_precision_reduce")),
-    ("optimizer", ("name", "lr", "eps", "weight_decay", "beta1", "beta2")),
-    ("lr_scheduler", ("warmup_steps", "decay_ratio", "decay_type", "min_lr_factor")),
-    ("parallelism", ("data_parallel_shard_degree", "tensor_parallel_degree", "context_parallel_degree")),
-    ("fault_tolerance", ("group_size", "min_replica_size", "process_group")),
-)
-PACKAGES = ("torch", "torchtitan", "torchft", "flexdemo")
-
-
-def join_settings(job_config) -> list[tuple[str, str]]:
-    """The ordered (name, value) settings a replica must share with the quorum it joins."""
-    items = [(f"flexdemo.{f.name}", repr(getattr(job_config.flexdemo, f.name))) for f in fields(job_config.flexdemo)]
-    for section, keys in SHARED_KEYS:
-        part = getattr(job_config, section)
-        items += [(f"{section}.{k}", repr(getattr(part, k))) for k in keys if hasattr(part, k)]
-    for package in PACKAGES:
-        try:
-            items.append((f"{package} version", importlib.metadata.version(package)))
-        except importlib.metadata.PackageNotFoundError:
-            items.append((f"{package} version", "not installed"))
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        items.append(("GPU architecture", f"sm_{major}{minor}"))
-    return items
+# (flexdemo.run_settings, flexdemo.compression.agreement), but an elastic replica joins a quorum
+# that is already training. So the peer's settings travel with its state (attach: every joining
+# replica heals from a live peer, at step 0 too, torchft's init_sync), and the joiner compares
+# them with its own before it loads anything: a difference refuses it, naming the first setting
+# that differs.
 
 
 def refuse_if_different(mine: list[tuple[str, str]], quorum: list[tuple[str, str]], replica_id: int) -> None:

@@ -3,12 +3,11 @@
 * :class:`ExchangeMeter` (owned by the optimizers container): bytes sent / received over
   dp_replicate per step and in total (measured, or modelled for HSDP in mode off), the step's
   timings, and the one-time note on compiling the fused kernels.
-* :class:`SkippedUpdates` (owned by the optimizers container): a non-finite gradient in mode demo
-  (a step skipped on every replica), a discarded cycle in the DiLoCo modes (an outer step
-  skipped). Each is logged and counted (``replica_exchange/skipped_steps``);
-  ``max_consecutive_skips`` of them in a row stop every rank, at the same step, with an error
-  naming the replicas and parameters. DiLoCo counts its own outer steps; the per-step count is
-  kept here.
+* :class:`SkippedSteps` (owned by the replica sync of modes off and demo): a non-finite gradient
+  in mode demo (a step skipped on every replica), logged and counted
+  (``replica_exchange/skipped_steps``; in the DiLoCo modes that counts DiLoCo's discarded
+  cycles); ``max_consecutive_skips`` in a row stop every rank, at the same step, with an error
+  naming the replicas and parameters.
 * :class:`FlexMetricsProcessor` (build_metrics_processor_fn): those numbers (bytes this step and
   in total, exchange time, updates skipped so far) go to TensorBoard/W&B through torchtitan's
   ``extra_metrics`` and to the console as one line printed right after torchtitan's own step line.
@@ -51,13 +50,12 @@ from .heldout import build_heldout_dataloader
 
 
 class ExchangeMeter:
-    """Byte counters and timings of this rank's replica exchange: of ``optimizers`` (DeMo's own
-    exchange), of ``outer`` (the DiLoCo outer step), or ``modelled_bytes_per_step`` (mode off: HSDP's
-    all-reduce; FSDP does the comms, not flexdemo)."""
+    """Byte counters and timings of this rank's replica exchange, as the run's replica sync
+    (flexdemo.titan.replica_sync) reports them: measured, or modelled for HSDP in mode off
+    (FSDP does the comms, not flexdemo)."""
 
-    def __init__(self, optimizers, outer, modelled_bytes_per_step: int | None, fused_kernels: bool) -> None:
-        self.optimizers, self.outer = optimizers, outer
-        self.modelled_bytes_per_step = modelled_bytes_per_step
+    def __init__(self, sync, fused_kernels: bool) -> None:
+        self.sync = sync
         self.fused_kernels = fused_kernels
         self.bytes_sent_total = 0
         self.bytes_received_total = 0
@@ -69,13 +67,7 @@ class ExchangeMeter:
     def account(self, step_seconds: float) -> None:
         """The step that just ran, ``step_seconds`` long: its bytes."""
         self.last_step_seconds = step_seconds
-        if self.modelled_bytes_per_step is not None:
-            sent = received = self.modelled_bytes_per_step
-        elif self.outer is not None:
-            sent, received = self.outer.last_traffic.sent, self.outer.last_traffic.received
-        else:
-            sent = sum(int(getattr(o, "last_step_bytes_sent", 0)) for o in self.optimizers)
-            received = sum(int(getattr(o, "last_step_bytes_received", 0)) for o in self.optimizers)
+        sent, received = self.sync.traffic()
         self.last_bytes_sent, self.last_bytes_received = sent, received
         self.bytes_sent_total += sent
         self.bytes_received_total += received
@@ -105,17 +97,13 @@ class ExchangeMeter:
         """The last step's exchange time (None: not measured). On CUDA reading it waits for the
         exchange's end event, so it is read when asked (the metrics, at log steps), not after
         every step: that was a host sync per step, the GPU idle until the CPU caught up."""
-        if self.modelled_bytes_per_step is not None:
-            return None
-        if self.outer is not None:
-            return self.outer.last_exchange_seconds
-        return sum(float(getattr(o, "last_step_exchange_seconds", 0.0)) for o in self.optimizers)
+        return self.sync.exchange_seconds()
 
     def stats(self, skipped_updates: int) -> dict[str, float]:
         """Replica-dimension traffic of this rank, for the metrics processor. Bytes that were
         not measured (mode off: HSDP's all-reduce, modelled from the gradient size) carry
         their own names, ``*_modelled``, never those of measured bytes."""
-        tag = "_modelled" if self.modelled_bytes_per_step is not None else ""
+        tag = "_modelled" if self.sync.bytes_modelled else ""
         stats = {
             f"replica_exchange/bytes_sent{tag}": self.last_bytes_sent,
             f"replica_exchange/bytes_received{tag}": self.last_bytes_received,
@@ -128,7 +116,7 @@ class ExchangeMeter:
         seconds = self.last_exchange_seconds
         if seconds is not None:
             stats["replica_exchange/exchange(s)"] = seconds
-        outer_seconds = self.outer.last_sync_seconds if self.outer is not None else None
+        outer_seconds = self.sync.last_sync_seconds
         if outer_seconds is not None:
             stats["replica_exchange/outer_step(s)"] = outer_seconds  # the last one
         return stats
@@ -152,23 +140,22 @@ def modelled_hsdp_allreduce_bytes(model_parts, parallel_dims: ParallelDims, redu
     return hsdp_allreduce_bytes(numel, r, elem)
 
 
-class SkippedUpdates:
-    """Logs, counts and (``max_consecutive_skips``) stops on the updates that the optimizers of
-    ``model_parts`` (or the DiLoCo ``outer`` step) skipped for non-finite values. The count is one
-    :class:`SkipStreak`: DiLoCo's own in its modes (outer steps; it stops the run itself), else
-    one of steps."""
+class SkippedSteps:
+    """Logs, counts and (``max_consecutive_skips``) stops on the steps whose update the optimizers
+    of ``model_parts`` skipped on every replica for a non-finite gradient (mode demo). The DiLoCo
+    modes' discarded cycles are DiLoCo's own to count and stop on (replica_sync.OuterCycle)."""
 
-    def __init__(self, model_parts, optimizers, outer, replica: int, last_step: int | None,
+    def __init__(self, model_parts, optimizers, replica: int, last_step: int | None,
                  max_consecutive_skips: int) -> None:
-        self.model_parts, self.optimizers, self.outer, self.replica = model_parts, optimizers, outer, replica
+        self.model_parts, self.optimizers, self.replica = model_parts, optimizers, replica
         self.last_step = last_step
-        self.streak = outer.skips if outer is not None else SkipStreak(max_consecutive_skips)
+        self.streak = SkipStreak(max_consecutive_skips)
         self._to_count: dict[int, set[int]] = {}  # skipped steps learned of, beyond the counted ones
         self.counted_through = 0  # every step up to this one is in the streak
 
     @property
     def count(self) -> int:
-        """Updates skipped so far: steps (mode demo), or outer steps (DiLoCo modes)."""
+        """Steps skipped so far."""
         return self.streak.total + len(self._to_count)
 
     def after_step(self, step: int) -> None:
@@ -191,19 +178,7 @@ class SkippedUpdates:
         # flags when the next one starts), of step t only maybe: counting up to t - 1 makes all
         # ranks stop at the same step (one stopping earlier would leave the others waiting in
         # the next exchange). The run's last step waited for its own flags.
-        if self.outer is None:
-            self._count_through(step if last else step - 1, step)
-        elif self.outer.last_sync_skipped and self.outer.inner_steps == 0:
-            self._report_discarded_cycle(step)
-
-    def _report_discarded_cycle(self, step: int) -> None:
-        o = self.outer
-        logger.warning(
-            f"flexdemo: outer step after step {step} skipped on every replica ({self.streak.total} "
-            f"skipped so far, {len(self.streak.in_a_row)} in a row): non-finite parameters on "
-            f"{describe_nonfinite(o.last_skipped_by)}; every replica restarts from the global copy "
-            "with a fresh inner optimizer state"
-        )
+        self._count_through(step if last else step - 1, step)
 
     def _count_through(self, through: int, step: int) -> None:
         for counted in range(self.counted_through + 1, through + 1):

@@ -9,10 +9,10 @@ warning (:func:`ignored_keys`), so that nothing a user set is ignored silently.
 
 :class:`FlexOptimizersContainer` keeps torchtitan's LR schedulers, DCP checkpoints (flattened
 optimizer state dicts), step hooks and metrics working unchanged. Around the optimizers' step it
-adds the DiLoCo outer step (diloco, demo_diloco), finishing an overlapped exchange at the run's
-last step and the periodic replica-identity check; it owns the helpers that count the exchange's
-bytes (metrics.ExchangeMeter), report skipped updates (metrics.SkippedUpdates) and lay out its
-part of a checkpoint (checkpoint.OptimizerCheckpoint).
+asks the run's replica sync (replica_sync: every step's own exchange, or the DiLoCo outer step),
+finishes an overlapped exchange at the run's last step and runs the periodic replica-identity
+check; it owns the helpers that count the exchange's bytes (metrics.ExchangeMeter) and lay out
+its part of a checkpoint (checkpoint.OptimizerCheckpoint).
 """
 
 from __future__ import annotations
@@ -34,13 +34,16 @@ from torchtitan.tools.logging import logger
 from flexdemo.compression.buckets import describe_blocks
 from flexdemo.modes import EVERY_MODE_KEYS, mode_of
 from flexdemo.optim.diloco import DiLoCo
+from flexdemo.local import local_tensor
 from flexdemo.replica_group import ReplicaGroup, replica_group
+from flexdemo.run_settings import RunSettings
 
 from . import elastic
 from . import replicas as rep
-from .checkpoint import OptimizerCheckpoint, Resume, format_key, format_tag, plan_resume
-from .config import FlexDemo, FlexDemoConfigError, flexdemo_section
-from .metrics import ExchangeMeter, SkippedUpdates, modelled_hsdp_allreduce_bytes
+from .checkpoint import OptimizerCheckpoint, Resume, format_key, plan_resume
+from .config import FlexDemo, FlexDemoConfigError, run_settings
+from .metrics import ExchangeMeter, SkippedSteps, modelled_hsdp_allreduce_bytes
+from .replica_sync import EveryStep, OuterCycle
 from .torchtitan_workarounds import adam_class_and_kwargs
 
 
@@ -49,8 +52,8 @@ def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: Paral
     """The flexdemo train specs' optimizers for ``model_parts`` (their spec passes the job config:
     torchtitan_workarounds.with_job_config): the mode's builder (flexdemo.modes) in the container."""
     optimizer_config = job_config.optimizer
-    cfg = flexdemo_section(job_config)
-    spec = mode_of(cfg)
+    settings = run_settings(job_config)  # what the replicas agree on: start-up, checkpoint tag, elastic join
+    cfg, spec = settings.section, settings.mode
     # The one replica group of the run, made here once and handed down (a ReplicaGroup; None with
     # one replica): torchft's (replicas are separate jobs, the Lighthouse decides who takes part)
     # or a static one over this job's dp_replicate group.
@@ -58,8 +61,8 @@ def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: Paral
     group = None if process_group is None else replica_group(process_group)
     replicas, shards = parallel_dims.dp_replicate, parallel_dims.dp_shard * parallel_dims.cp
     checkpoint = {
-        "format_key": format_key(format_tag(cfg), replicas, shards),
-        "resume": plan_resume(job_config, cfg, replicas, shards, FlexDemoConfigError),
+        "format_key": format_key(settings.checkpoint_tag, replicas, shards),
+        "resume": plan_resume(job_config, settings, replicas, shards, FlexDemoConfigError),
         "job_replicas": replicas,
     }
     if elastic.enabled(job_config):
@@ -68,6 +71,8 @@ def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: Paral
     ignored = ignored_keys(job_config)
     if ignored:
         logger.warning(f"flexdemo: mode={cfg.mode} does not use {', '.join(ignored)} (set in the config; ignored)")
+    if group is not None:  # every setting at once, before the optimizers compare their own
+        settings.agree(group, local_tensor(next(model_parts[0].parameters())).device)
     inner = adam_class_and_kwargs(optimizer_config, cfg.mode) if spec.inner_optimizer else None
     try:
         built = spec.build(model_parts, cfg, group, inner, lr=optimizer_config.lr, steps=job_config.training.steps,
@@ -85,6 +90,7 @@ def build_flexdemo_optimizers(model_parts: list[nn.Module], parallel_dims: Paral
         replica_check_action=cfg.replica_check_action,
         modelled_bytes_per_step=modelled,
         per_replica_state=built.per_replica_state,
+        run_settings=settings,
         outer=built.outer,
         **checkpoint,
         **built.container_kwargs,
@@ -116,6 +122,7 @@ class FlexOptimizersContainer(OptimizersContainer):
         replica_check_action: str = "stop",
         modelled_bytes_per_step: int | None,
         per_replica_state: bool,
+        run_settings: RunSettings,
         format_key: str,
         resume: Resume | None = None,
         outer: Callable[[list[torch.optim.Optimizer]], DiLoCo] | None = None,
@@ -125,9 +132,8 @@ class FlexOptimizersContainer(OptimizersContainer):
         replica_index: int | None = None,
     ) -> None:
         super().__init__(model_parts, optimizer_cls, optimizer_kwargs)
-        # the mode's outer step, built around the inner optimizers just made (flexdemo.modes)
-        self.outer = outer(self.optimizers) if outer is not None else None
         self.last_step = last_step
+        self.run_settings = run_settings
         self.replicate_group = replicate_group
         self.replica_check_interval = replica_check_interval
         self.replica_check_action = replica_check_action
@@ -136,14 +142,16 @@ class FlexOptimizersContainer(OptimizersContainer):
         self.replica = (replica_index if replica_index is not None
                         else replicate_group.rank() if replicate_group is not None else 0)
         self.step_count = 0
-        compressors = [getattr(o, "compressor", None) for o in self.optimizers]
-        compressors.append(self.outer.compressor if self.outer is not None else None)
+        # How the replicas stay in step, asked below and by elastic healing: the mode's outer
+        # step built around the inner optimizers just made (flexdemo.modes), or every step's own.
+        self.sync = (OuterCycle(outer(self.optimizers)) if outer is not None else EveryStep(
+            self.optimizers, SkippedSteps(model_parts, self.optimizers, self.replica, last_step,
+                                          max_consecutive_skips), modelled_bytes_per_step))
+        compressors = [*(getattr(o, "compressor", None) for o in self.optimizers), self.sync.compressor]
         fused_kernels = any(c is not None and c.uses_fused_kernels for c in compressors)
         self.checkpoint = OptimizerCheckpoint(format_key, resume, self.replica,
                                               per_replica_state and replicate_group is not None, job_replicas)
-        self.meter = ExchangeMeter(self.optimizers, self.outer, modelled_bytes_per_step, fused_kernels)
-        self.skips = SkippedUpdates(model_parts, self.optimizers, self.outer, self.replica, last_step,
-                                    max_consecutive_skips)
+        self.meter = ExchangeMeter(self.sync, fused_kernels)
         for c in compressors:  # every rank: its shard's blocks, which uneven shards make differ
             if c is not None:
                 logger.info(f"flexdemo: {describe_blocks(c.buckets, c.encoding)}")
@@ -154,28 +162,17 @@ class FlexOptimizersContainer(OptimizersContainer):
 
     def step(self, *args, **kwargs) -> None:
         start = time.perf_counter()
-        if self.outer is not None:
-            self.outer.before_inner_step()
+        self.sync.before_step()
         super().step(*args, **kwargs)
         if self.last_step is not None and self.step_count + 1 == self.last_step:
             for opt in self._overlapped():
                 opt.finish_pending()  # the run's last update is not left in flight
-        synced = self.outer.after_inner_step() if self.outer is not None else False
+        self.sync.after_step()
         seconds = time.perf_counter() - start
         self.step_count += 1
         self.meter.account(seconds)
-        self.skips.after_step(self.step_count)
+        self.sync.report(self.step_count)
         self.meter.note_kernel_compilation()
-        if synced and not self.outer.last_sync_committed:
-            logger.warning(f"flexdemo: the outer step after step {self.step_count} was not committed (an elastic "
-                           "replica failed during the exchange): nothing applied, the cycle goes on")
-        elif synced:
-            logger.info(
-                f"flexdemo: outer step {self.outer.outer_steps} after step {self.step_count} "
-                f"({self.outer.compression}, {self.meter.last_bytes_sent} bytes sent, "
-                f"{self.meter.last_bytes_received} received over dp_replicate, "
-                f"{1e3 * self.outer.last_sync_seconds:.1f} ms)"
-            )
         # Validation makes the interval a multiple of sync_interval in the DiLoCo modes, so
         # the check always runs right after an outer step.
         if (
@@ -185,24 +182,25 @@ class FlexOptimizersContainer(OptimizersContainer):
         ):
             with self.consensus():
                 rep.verify_or_resync(self.model_parts, self.replicate_group, self.step_count,
-                                     self.replica_check_action, self.outer)
+                                     self.replica_check_action, self.sync)
 
     def exchange_stats(self) -> dict[str, float]:
         """This rank's replica-exchange numbers, for the metrics processor (metrics.ExchangeMeter)."""
-        return self.meter.stats(skipped_updates=self.skips.count)
+        return self.meter.stats(skipped_updates=self.sync.skipped_updates)
 
     def state_dict(self) -> dict[str, Any]:
         return self.checkpoint.save(
             super().state_dict(), step=self.step_count,
             byte_totals=(self.meter.bytes_sent_total, self.meter.bytes_received_total),
-            outer=self.outer, overlapped=self._overlapped(),
+            sync=self.sync, overlapped=self._overlapped(),
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        loaded = self.checkpoint.load(state_dict, outer=self.outer, overlapped=self._overlapped())
+        loaded = self.checkpoint.load(state_dict, sync=self.sync, overlapped=self._overlapped())
         super().load_state_dict(loaded.optimizers)
         if loaded.step is not None:
-            self.step_count = self.skips.counted_through = loaded.step
+            self.step_count = loaded.step
+            self.sync.resumed_at(loaded.step)
         if loaded.byte_totals is not None:
             self.meter.bytes_sent_total, self.meter.bytes_received_total = loaded.byte_totals
 
@@ -211,7 +209,7 @@ class FlexOptimizersContainer(OptimizersContainer):
         settings that change the decoded bits), for an elastic replica's join to compare alike."""
         found = [(f"optimizer {i}", getattr(getattr(o, "compressor", None), "settings", None))
                  for i, o in enumerate(self.optimizers)]
-        found.append(("outer step", self.outer.settings if self.outer is not None else None))
+        found.append(("outer step", self.sync.settings))
         return [(f"{who}: {k}", str(v)) for who, settings in found if settings for k, v in settings.items()]
 
     def _overlapped(self):

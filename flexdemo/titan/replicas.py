@@ -12,7 +12,7 @@ import torch.nn as nn
 from torchtitan.tools.logging import logger
 
 from flexdemo.local import local_tensor
-from flexdemo.replica_check import ReplicaMismatchError, check_replicas_identical, shared_tensors
+from flexdemo.replica_check import ReplicaMismatchError, check_replicas_identical
 from flexdemo.replica_group import ReplicaGroup, replica_group
 
 
@@ -57,37 +57,37 @@ def start_identical(model_parts: list[nn.Module], group: dist.ProcessGroup | Non
         broadcast_from_replica0(model_parts, group)
         logger.info("flexdemo: broadcast initial params from replica 0")
     elif init_sync == "verify":  # before the optimizers (and their replica group) exist
-        verify_identical(model_parts, replica_group(group), step=0)
+        verify_identical(local_named_params(model_parts), "param", replica_group(group), step=0)
 
 
 @torch.no_grad()
-def verify_or_resync(model_parts: list[nn.Module], group: ReplicaGroup, step: int, action: str, outer=None) -> bool:
+def verify_or_resync(model_parts: list[nn.Module], group: ReplicaGroup, step: int, action: str, sync) -> bool:
     """:func:`verify_identical`; on a mismatch with ``action="resync"`` (a fixed group only) every
-    replica takes replica 0's parameters (and the DiLoCo ``outer`` step's global copy and momentum)
+    replica takes replica 0's parameters (and, with an outer step, its global copy and momentum)
     and training goes on, logged. Returns whether it re-synced."""
     try:
-        verify_identical(model_parts, group, step, outer)
+        verify_identical(sync.shared_tensors(local_named_params(model_parts)), sync.checked, group, step)
         return False
     except ReplicaSyncError:
         if action != "resync":
             raise
     process_group = group.process_group  # config validation: resync needs a fixed group
     broadcast_from_replica0(model_parts, process_group)
-    for _, t in shared_tensors([], outer) if outer is not None else []:
+    for _, t in sync.shared_tensors([]):
         dist.broadcast(local_tensor(t), group=process_group, group_src=0)
     logger.warning(f"flexdemo: replicas differed at step {step}; every replica re-synced from replica 0, going on")
-    verify_identical(model_parts, group, step, outer)
+    verify_identical(sync.shared_tensors(local_named_params(model_parts)), sync.checked, group, step)
     return True
 
 
-def verify_identical(model_parts: list[nn.Module], group: ReplicaGroup, step: int, outer=None) -> str:
+def verify_identical(named_tensors: list, what: str, group: ReplicaGroup, step: int) -> str:
     """flexdemo.replica_check over the replica group, fixed or elastic (it agrees over this job's
-    world, so every rank raises together), on its one set of tensors: the parameters, or the
-    DiLoCo ``outer`` step's global copy and momentum. Logs the verdict and the digest of this
-    rank's hashes (compare it across replicas in the logs); stops training on a mismatch."""
-    what = "param" if outer is None else "global copy"
+    world, so every rank raises together), on ``named_tensors``, the one set every replica holds
+    alike (``what``: "param", or an outer step's "global copy" and momentum: the run's replica
+    sync names them, flexdemo.titan.replica_sync). Logs the verdict and the digest of this rank's
+    hashes (compare it across replicas in the logs); stops training on a mismatch."""
     try:
-        hashes = check_replicas_identical(shared_tensors(local_named_params(model_parts), outer), group)
+        hashes = check_replicas_identical(named_tensors, group)
     except ReplicaMismatchError as e:
         msg = f"flexdemo: replica check failed at step {step}: {e}"
         logger.error(msg)
