@@ -84,8 +84,9 @@ def run_config(shapes, compression, encoding, state_device, fused, syncs, device
     params = make_params(shapes, device)
     sync()
     base = mem.memory_allocated() if cuda else 0
-    outer = DiLoCo(params, sync_interval=1, inner_optimizers=(), compression=compression, value_encoding=encoding,
-                   topk=topk, chunk=64, decay=0.9, state_device=state_device, fused=fused,
+    sgd = torch.optim.SGD([p for _, p in params], lr=0.7, momentum=0.9, nesterov=True)
+    outer = DiLoCo(params, outer_optimizer=sgd, sync_interval=1, inner_optimizers=(), compression=compression,
+                   value_encoding=encoding, topk=topk, chunk=64, decay=0.9, state_device=state_device, fused=fused,
                    transform=transform if compression == "topk" else "dct")
     sync()
     persistent = mem.memory_allocated() - base if cuda else 0
@@ -136,11 +137,11 @@ def _timed(fn, device, repeats=3) -> float:
 
 @torch.no_grad()
 def sgd_check(device, numel: int, steps: int, lr=0.7, mu=0.9) -> dict:
-    """DiLoCo's outer SGD (torch.optim.SGD on device state; its functional form on streamed host
-    state) against the hand-written step it replaced, on the same random parameters and outer
+    """DiLoCo's outer step (the given torch.optim.SGD's step() on device state; its functional form
+    on streamed host state) against the hand-written step it replaced, on the same random parameters and outer
     gradients, Nesterov momentum, ``steps`` steps; then the time of one step of each placement,
     and of torch.optim.SGD stepping the state where it lives in host memory (grads copied down)."""
-    from flexdemo.optim.diloco_outer import OuterSGD, new_entry
+    from flexdemo.optim.diloco_outer import OuterStep, new_entry
 
     shapes = [(2048, 8192)] * max(1, numel // (2048 * 8192))
     g = torch.Generator(device=device).manual_seed(0)
@@ -156,11 +157,12 @@ def sgd_check(device, numel: int, steps: int, lr=0.7, mu=0.9) -> dict:
             p.add_(gr.add(m, alpha=mu), alpha=-lr)
     finals, outers = {}, {}
     for placement in ("device", "cpu"):
-        params = [p.clone() for p in start]
+        params = [torch.nn.Parameter(p.clone()) for p in start]
         entries = [new_entry(str(i), p, placement == "cpu", True, False) for i, p in enumerate(params)]
         for e, p in zip(entries, params):
             e.global_copy.copy_(p)
-        outer = OuterSGD(entries, lr, mu, True, placement == "cpu")
+        sgd = torch.optim.SGD(params, lr=lr, momentum=mu, nesterov=True)
+        outer = OuterStep(sgd, sgd.param_groups[0], entries, placement == "cpu")
         for step_grads in grads:
             outer.step([(e, gr.clone()) for e, gr in zip(entries, step_grads)])  # Nesterov writes into .grad
         finals[placement], outers[placement] = params, (outer, entries)

@@ -185,7 +185,7 @@ def _outer_items(topk: bool) -> Callable[[Any], dict]:
 
 def _build_outer(topk: bool) -> Builder:
     def build(model_parts, cfg, group, inner, *, lr, steps, replicas, inner_name) -> Built:
-        from flexdemo.optim.diloco import DiLoCo
+        from flexdemo.optim.diloco import DiLoCo, outer_sgd
 
         if len(model_parts) != 1:  # validation rejects pipeline parallelism in these modes
             raise ValueError(f"mode={cfg.mode!r} needs one model part, got {len(model_parts)}")
@@ -206,10 +206,8 @@ def _build_outer(topk: bool) -> Builder:
         def outer_step(inner_optimizers: list):  # built once the container has made the inner optimizers
             outer = DiLoCo(
                 named,
+                outer_optimizer=outer_sgd([p for _, p in named], cfg.outer_lr, cfg.outer_momentum, cfg.outer_nesterov),
                 sync_interval=cfg.sync_interval,
-                outer_lr=cfg.outer_lr,
-                outer_momentum=cfg.outer_momentum,
-                nesterov=cfg.outer_nesterov,
                 compression="topk" if topk else "dense",
                 value_encoding=cfg.outer_value_encoding,
                 topk=cfg.outer_topk,

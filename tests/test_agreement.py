@@ -36,7 +36,10 @@ def _diloco(rank, **differ):
     kw.update(differ.pop("both", {}))
     if rank == 1:
         kw.update(differ)
-    return DiLoCo([(str(i), p) for i, p in enumerate(_params())], **kw)
+    params = _params()
+    sgd = torch.optim.SGD(params, lr=kw.pop("outer_lr"), momentum=kw.pop("outer_momentum"),
+                          nesterov=kw.pop("nesterov"))
+    return DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=sgd, **kw)
 
 
 def _fused_on_rank1(rank):

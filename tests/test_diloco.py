@@ -2,6 +2,8 @@
 replicas bit-identical after every sync; sharded == unsharded; state round trip mid-cycle;
 argument errors."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -11,7 +13,7 @@ from flexdemo.optim.diloco import DiLoCo
 from fsdp_toy import replica_mesh as _mesh, shard_layers, toy_mlp as _mlp
 from multiproc import run_ranks
 from reference_diloco import ReferenceDiLoCo
-from toy_problem import INPUT_NUMEL, SHAPES, all_ranks_equal, loss, make_params
+from toy_problem import INPUT_NUMEL, SHAPES, all_ranks_equal, loss, make_params, outer_sgd
 
 H, SYNCS = 3, 4
 
@@ -28,8 +30,10 @@ def _against_reference(rank, world, kw):
     ours, ref = make_params(), make_params()
     sharded = dict(exchange="sharded") if "sharded_topk" in kw else {}
     inner_ours = torch.optim.AdamW(ours, lr=1e-2)
-    outer = DiLoCo([(str(i), p) for i, p in enumerate(ours)], sync_interval=H, inner_optimizers=[inner_ours], **kw,
-                   **sharded)
+    sgd = outer_sgd(ours, lr=kw["outer_lr"], momentum=kw["outer_momentum"], nesterov=kw["nesterov"])
+    rest = {k: v for k, v in kw.items() if k not in ("outer_lr", "outer_momentum", "nesterov")}
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(ours)], outer_optimizer=sgd, sync_interval=H,
+                   inner_optimizers=[inner_ours], **rest, **sharded)
     reference = ReferenceDiLoCo(ref, lr=kw["outer_lr"], momentum=kw["outer_momentum"], nesterov=kw["nesterov"],
                                 compression=kw["compression"], encoding=kw["value_encoding"],
                                 topk=kw.get("topk", 32), decay=kw.get("decay", 0.9),
@@ -128,8 +132,9 @@ def test_sharded_topk_recompression_matches_reference_at_3_replicas(encoding):
 
 def _payload_bytes(rank, world):
     params = make_params()
-    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, compression="topk",
-                   value_encoding="scaled_sign", topk=8, chunk=64, inner_optimizers=())  # steps by hand
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=outer_sgd(params), sync_interval=1,
+                   compression="topk", value_encoding="scaled_sign", topk=8, chunk=64,
+                   inner_optimizers=())  # steps by hand
     for p in params:
         p.grad = None
     outer.before_inner_step()
@@ -154,8 +159,9 @@ def test_topk_bytes_are_the_payload_formula():
 
 def _sync_times(rank, world, compression):
     params = make_params()
-    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, compression=compression,
-                   value_encoding="fp32", topk=8, chunk=64, inner_optimizers=())  # steps by hand
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=outer_sgd(params), sync_interval=2,
+                   compression=compression, value_encoding="fp32", topk=8, chunk=64,
+                   inner_optimizers=())  # steps by hand
     times = []
     for _ in range(4):
         outer.before_inner_step()
@@ -186,8 +192,10 @@ def _sharded_vs_unsharded(rank, world, compression, encoding, state_device):
     shard_layers(sharded, mesh["shard"])
     kw = dict(sync_interval=2, compression=compression, value_encoding=encoding, topk=16, replicate_group=group)
     inners = [torch.optim.SGD(sharded.parameters(), lr=0.05), torch.optim.SGD(plain.parameters(), lr=0.05)]
-    outers = [DiLoCo(sharded.named_parameters(), state_device=state_device, inner_optimizers=inners[:1], **kw),
-              DiLoCo(plain.named_parameters(), inner_optimizers=inners[1:], **kw)]
+    outers = [DiLoCo(sharded.named_parameters(), outer_optimizer=outer_sgd(sharded.parameters()),
+                     state_device=state_device, inner_optimizers=inners[:1], **kw),
+              DiLoCo(plain.named_parameters(), outer_optimizer=outer_sgd(plain.parameters()),
+                     inner_optimizers=inners[1:], **kw)]
     gen = torch.Generator().manual_seed(100 + replica)  # same data on both shards of a replica
     worst = 0.0
     for _ in range(6):
@@ -225,8 +233,8 @@ def _resume_mid_cycle(rank, world, compression, encoding):
     def run(steps, state=None):
         params = make_params()
         inner = torch.optim.AdamW(params, lr=1e-2)
-        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=4, compression=compression,
-                       value_encoding=encoding, topk=8, inner_optimizers=[inner])
+        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=outer_sgd(params), sync_interval=4,
+                       compression=compression, value_encoding=encoding, topk=8, inner_optimizers=[inner])
         first = 0
         if state is not None:
             outer_sd, inner_sd, first = state
@@ -254,9 +262,8 @@ def test_resume_mid_cycle_is_bit_identical(compression, encoding):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(sync_interval=0), "sync_interval"),
-    (dict(outer_lr=0.0), "outer_lr"),
+    (dict(outer_lr=0.0), "outer_lr"),  # torch.optim.SGD takes lr 0 and momentum 1; DiLoCo does not
     (dict(outer_momentum=1.0), "outer_momentum"),
-    (dict(outer_momentum=0.0), "nesterov needs"),
     (dict(compression="int8"), "compression"),
     (dict(value_encoding="sign"), "bare sign"),
     (dict(compression="topk", value_encoding="sign"), "bare sign"),
@@ -269,8 +276,106 @@ def test_resume_mid_cycle_is_bit_identical(compression, encoding):
 def test_bad_arguments(kwargs, match):
     args = dict(sync_interval=2)
     args.update(kwargs)
+    w = nn.Parameter(torch.randn(4, 4))
+    sgd = outer_sgd([w], lr=args.pop("outer_lr", 0.7), momentum=args.pop("outer_momentum", 0.9))
     with pytest.raises(ValueError, match=match):
-        DiLoCo([("w", nn.Parameter(torch.randn(4, 4)))], **args)
+        DiLoCo([("w", w)], outer_optimizer=sgd, **args)
+
+
+def _refused(w, v):
+    return [
+        (lambda: "not an optimizer", TypeError, "must be a torch.optim.Optimizer instance"),
+        (lambda: None, TypeError, "must be a torch.optim.Optimizer instance"),
+        (lambda: torch.optim.Adam([w, v], lr=0.1), TypeError, "must be a torch.optim.SGD, got Adam"),
+        (lambda: outer_sgd([w]), ValueError, r"does not hold the parameters \['v'\]"),
+        (lambda: torch.optim.SGD([{"params": [w]}, {"params": [v]}], lr=0.7, momentum=0.9),
+         ValueError, r"in param groups \[0, 1\]"),
+        (lambda: torch.optim.SGD([w, v], lr=0.7, momentum=0.9, weight_decay=0.1), ValueError, "weight_decay"),
+        (lambda: torch.optim.SGD([w, v], lr=0.7, momentum=0.9, dampening=0.5), ValueError, "dampening"),
+        (lambda: torch.optim.SGD([w, v], lr=0.7, momentum=0.9, maximize=True), ValueError, "maximize"),
+    ]
+
+
+@pytest.mark.parametrize("state_device", ["device", "cpu"])
+@pytest.mark.parametrize("case", range(8))
+def test_outer_optimizers_it_cannot_take_are_refused_at_construction(state_device, case):
+    w, v = nn.Parameter(torch.randn(4, 4)), nn.Parameter(torch.randn(3))
+    make, error, match = _refused(w, v)[case]
+    with pytest.raises(error, match=match):
+        DiLoCo([("w", w), ("v", v)], outer_optimizer=make(), sync_interval=1, inner_optimizers=(),
+               state_device=state_device)
+
+
+def test_an_outer_optimizer_with_state_is_refused():
+    w = nn.Parameter(torch.randn(4, 4))
+    sgd = outer_sgd([w])
+    w.grad = torch.ones_like(w)
+    sgd.step()  # now holds a momentum buffer DiLoCo would not checkpoint
+    with pytest.raises(ValueError, match="already holds state for \\['w'\\]"):
+        DiLoCo([("w", w)], outer_optimizer=sgd, sync_interval=1, inner_optimizers=())
+
+
+def test_a_frozen_parameter_need_not_be_in_the_outer_optimizer():
+    w, frozen = nn.Parameter(torch.randn(4, 4)), nn.Parameter(torch.randn(3), requires_grad=False)
+    outer = DiLoCo([("w", w), ("frozen", frozen)], outer_optimizer=outer_sgd([w]), sync_interval=1,
+                   inner_optimizers=())
+    assert [e.name for e in outer.entries] == ["w"]
+
+
+def _one_replica_cycles(outer, params, cycles, gen, between=lambda cycle: None):
+    """Move the parameters by noise each cycle (one inner step, sync_interval 1), run the outer step."""
+    for cycle in range(cycles):
+        outer.before_inner_step()
+        with torch.no_grad():
+            for p in params:
+                p.add_(torch.randn(p.shape, generator=gen), alpha=1e-2)
+        assert outer.after_inner_step()
+        between(cycle)
+
+
+def test_only_the_lr_may_change_between_outer_steps():
+    params = make_params()
+    sgd = outer_sgd(params)
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=sgd, sync_interval=1,
+                   inner_optimizers=())
+    _one_replica_cycles(outer, params, 1, torch.Generator().manual_seed(0))
+    sgd.param_groups[0]["momentum"] = 0.5
+    with pytest.raises(ValueError, match=r"settings changed since construction \(momentum: 0.9 -> 0.5\)"):
+        _one_replica_cycles(outer, params, 1, torch.Generator().manual_seed(1))
+    sgd.param_groups[0]["momentum"] = 0.9
+    sgd.state[params[0]]["momentum_buffer"] = torch.zeros_like(params[0])  # as a foreign load_state_dict would
+    with pytest.raises(RuntimeError, match="momentum buffer of 0 was replaced"):
+        _one_replica_cycles(outer, params, 1, torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("state_device", ["device", "cpu"])
+def test_the_outer_lr_is_read_from_the_optimizer_at_every_outer_step(state_device):
+    # An lr scheduler on the outer optimizer (halving the lr after each outer step) against the
+    # hand-written step with the halved lr, bit for bit.
+    params = make_params()
+    sgd = outer_sgd(params, lr=0.8)
+    scheduler = torch.optim.lr_scheduler.StepLR(sgd, step_size=1, gamma=0.5)
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=sgd, sync_interval=1,
+                   inner_optimizers=(), state_device=state_device)
+    glob = [p.detach().clone() for p in params]
+    mom = [torch.zeros_like(p) for p in params]
+    gen, lrs = torch.Generator().manual_seed(0), [0.8, 0.4, 0.2, 0.1]
+    for lr in lrs:
+        outer.before_inner_step()
+        with torch.no_grad():
+            for p in params:
+                p.add_(torch.randn(p.shape, generator=gen), alpha=1e-2)
+        for g, m, p in zip(glob, mom, params):
+            pg = g - p.detach()
+            m.mul_(0.9).add_(pg)
+            g.add_(pg.add(m, alpha=0.9), alpha=-lr)
+        assert outer.after_inner_step()
+        with warnings.catch_warnings():  # state_device="cpu" streams SGD's functional form: no step() call
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
+            scheduler.step()
+        assert all(torch.equal(p, g) for p, g in zip(params, glob))
+    # the replicas compared the lr of construction; the state layout is unchanged
+    assert outer.settings["outer lr"] == "0.8" and sgd.param_groups[0]["lr"] == 0.05
 
 
 def _all_coefficients_vs_dense(rank, world):
@@ -282,8 +387,8 @@ def _all_coefficients_vs_dense(rank, world):
     for kw in (dict(compression="dense"), dict(compression="topk", topk=1 << 24, decay=0.0)):
         params = make_params()
         inner = torch.optim.AdamW(params, lr=1e-2)
-        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, value_encoding="fp32",
-                       inner_optimizers=[inner], **kw)
+        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=outer_sgd(params), sync_interval=2,
+                       value_encoding="fp32", inner_optimizers=[inner], **kw)
         for step in range(6):
             outer.before_inner_step()
             _inner_steps(params, inner, torch.Generator().manual_seed(10 * rank + step), 1)
@@ -299,29 +404,36 @@ def test_topk_keeping_everything_equals_dense():
 
 
 @pytest.mark.parametrize("state_device", ["device", "cpu"])
-def test_the_outer_step_is_torch_sgd_on_the_checkpointed_momentum(state_device):
-    # One replica (no exchange): the outer gradient is the pseudo-gradient itself. torch.optim.SGD's
-    # momentum buffers are the checkpointed tensors (so the old keys load into them), and the
-    # step is the hand-written one it replaced, bit for bit.
+def test_the_outer_step_is_the_given_sgd_on_the_checkpointed_momentum(state_device):
+    # One replica (no exchange): the outer gradient is the pseudo-gradient itself. The given
+    # torch.optim.SGD's momentum buffers are the checkpointed tensors (so the old keys load into
+    # them), and the step is the hand-written one it replaced, bit for bit. The optimizer holds
+    # one parameter more, and every parameter keeps an (inner) gradient through the outer step:
+    # neither moves anything, and each .grad is given back.
     params = make_params()
+    extra = torch.randn(5, requires_grad=True)
     inner = torch.optim.SGD(params, lr=0.1)
-    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, inner_optimizers=[inner],
-                   outer_lr=0.7, outer_momentum=0.9, nesterov=True, state_device=state_device)
-    sgd = outer.outer_optimizer.optimizer
+    sgd = outer_sgd([*params, extra], lr=0.7, momentum=0.9, nesterov=True)
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=sgd, sync_interval=1,
+                   inner_optimizers=[inner], state_device=state_device)
+    assert outer.outer_optimizer is sgd
     if state_device == "device":
-        assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["nesterov"] and sgd.defaults["lr"] == 0.7
-        assert all(sgd.state[e.global_copy]["momentum_buffer"] is e.momentum for e in outer.entries)
+        assert all(sgd.state[e.param]["momentum_buffer"] is e.momentum for e in outer.entries)
     else:
-        assert sgd is None  # streamed through torch.optim.sgd.sgd one tensor at a time
+        assert not sgd.state  # streamed through torch.optim.sgd.sgd one tensor at a time
     keys = set(outer.state_dict("g.", "r."))
     glob = [p.detach().clone() for p in params]
     mom = [torch.zeros_like(p) for p in params]
+    extra_before = extra.detach().clone()
     gen = torch.Generator().manual_seed(0)
     for _ in range(3):
         outer.before_inner_step()
         with torch.no_grad():
             for p in params:
                 p.add_(torch.randn(p.shape, generator=gen), alpha=1e-2)
+        inner_grads = [torch.randn(p.shape, generator=gen) for p in [*params, extra]]
+        for p, g in zip([*params, extra], inner_grads):
+            p.grad = g
         # the hand-written step of before, on the same inputs
         for g, m, p in zip(glob, mom, params):
             pg = g - p.detach()
@@ -330,7 +442,11 @@ def test_the_outer_step_is_torch_sgd_on_the_checkpointed_momentum(state_device):
         assert outer.after_inner_step()
         assert all(torch.equal(p, g) for p, g in zip(params, glob))
         assert all(torch.equal(e.momentum, m) for e, m in zip(outer.entries, mom))
-    if sgd is not None:
-        assert all(sgd.state[e.global_copy]["momentum_buffer"] is e.momentum for e in outer.entries)
-        assert all(e.global_copy.grad is None for e in outer.entries)
+        assert all(p.grad is g for p, g in zip([*params, extra], inner_grads))
+        assert torch.equal(extra, extra_before)
+    if state_device == "device":
+        assert all(sgd.state[e.param]["momentum_buffer"] is e.momentum for e in outer.entries)
+        assert extra not in sgd.state
+    else:
+        assert not sgd.state
     assert set(outer.state_dict("g.", "r.")) == keys  # no new checkpoint keys

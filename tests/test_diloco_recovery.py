@@ -11,7 +11,7 @@ import torch
 
 from flexdemo.optim.diloco import DiLoCo, RepeatedSkipsError
 from multiproc import run_ranks
-from toy_problem import INPUT_NUMEL, SHAPES, all_ranks_equal, loss, make_params
+from toy_problem import INPUT_NUMEL, SHAPES, all_ranks_equal, loss, make_params, outer_sgd
 
 H, LR = 3, 1e-2
 NAMES = [f"layer{i}.weight" for i in range(len(SHAPES))]
@@ -39,8 +39,8 @@ def _objective(params):
 
 def _outer(params, compression, encoding, **kw):
     # top-k: 256 of a 64x64 block's 4096 coefficients, so that 5 outer steps move the toy problem.
-    return DiLoCo(list(zip(NAMES, params)), sync_interval=H, compression=compression, value_encoding=encoding,
-                  topk=256, **kw)
+    return DiLoCo(list(zip(NAMES, params)), outer_optimizer=outer_sgd(params), sync_interval=H,
+                  compression=compression, value_encoding=encoding, topk=256, **kw)
 
 
 def _inner_state(inner):

@@ -7,7 +7,7 @@ outer step over both cycles. One process; the group is a stand-in whose commits 
 import torch
 
 from flexdemo.optim.diloco import DiLoCo
-from toy_problem import INPUT_NUMEL, loss, make_params
+from toy_problem import INPUT_NUMEL, loss, make_params, outer_sgd
 
 H = 3
 
@@ -58,8 +58,8 @@ def _train(params, inner, outer, steps, first_seed=0):
 
 
 def _diloco(params, inner, sync_interval, group=None, **kw):
-    return DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=sync_interval, replicate_group=group,
-                  outer_lr=0.7, outer_momentum=0.9, inner_optimizers=[inner], **kw)
+    return DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=outer_sgd(params, lr=0.7, momentum=0.9),
+                  sync_interval=sync_interval, replicate_group=group, inner_optimizers=[inner], **kw)
 
 
 def test_a_dense_outer_step_not_committed_is_carried_into_the_next_cycle_exactly():

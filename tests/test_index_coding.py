@@ -11,7 +11,7 @@ from flexdemo import DeMo
 from flexdemo.optim.diloco import DiLoCo
 from multiproc import run_ranks
 from titan_launch import REPO
-from toy_problem import all_ranks_equal, backward_on, make_params
+from toy_problem import all_ranks_equal, backward_on, make_params, outer_sgd
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from exchange_bytes import count_collectives  # noqa: E402
@@ -55,8 +55,11 @@ def _outer_runs(rank, world, cycles, settings):
     ends = {}
     for coding in ("fixed", "elias_fano"):
         params = make_params()
-        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=2, compression="topk", chunk=64,
-                       index_coding=coding, **settings)
+        rest = {k: v for k, v in settings.items() if k not in ("outer_lr", "outer_momentum", "nesterov")}
+        sgd = outer_sgd(params, lr=settings.get("outer_lr", 0.7), momentum=settings.get("outer_momentum", 0.9),
+                        nesterov=settings.get("nesterov", True))
+        outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=sgd, sync_interval=2,
+                       compression="topk", chunk=64, index_coding=coding, **rest)
         inner = torch.optim.AdamW(params, lr=1e-2)
         outer.set_inner_optimizers([inner])
         for step in range(2 * cycles):
@@ -83,7 +86,9 @@ def test_unknown_index_coding_is_refused():
     with pytest.raises(ValueError, match="unknown index_coding 'huffman'"):
         DeMo(make_params(), lr=0.01, index_coding="huffman")
     with pytest.raises(ValueError, match="unknown index_coding 'huffman'"):
-        DiLoCo([("0", make_params()[0])], sync_interval=2, compression="dense", index_coding="huffman")
+        w = make_params()[0]
+        DiLoCo([("0", w)], outer_optimizer=outer_sgd([w]), sync_interval=2, compression="dense",
+               index_coding="huffman")
     from torchtitan.config import ConfigManager
 
     from flexdemo.titan.config import FlexDemoConfigError, validate_job_config

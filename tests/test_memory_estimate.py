@@ -99,8 +99,7 @@ def torch_state(opt: torch.optim.Optimizer):
 def diloco_state(outer: DiLoCo):
     for e in outer.entries:
         yield from (t for t in (e.global_copy, e.momentum, e.error_feedback) if t is not None)
-    if outer.outer_optimizer.optimizer is not None:
-        yield from torch_state(outer.outer_optimizer.optimizer)
+    yield from torch_state(outer.outer_optimizer)  # its momentum buffers: the entries' (counted once)
 
 
 def run_mode(cfg: FlexDemo) -> tuple[float, float]:
@@ -125,8 +124,10 @@ def run_mode(cfg: FlexDemo) -> tuple[float, float]:
         backward(model)
         inner.step()
         return per_element_state_bytes(model, torch_state(inner)), 0.0
-    outer = DiLoCo(model.named_parameters(), sync_interval=1, outer_momentum=cfg.outer_momentum,
-                   nesterov=cfg.outer_nesterov, compression="topk" if cfg.mode == "demo_diloco" else "dense",
+    sgd = torch.optim.SGD(model.parameters(), lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+                          nesterov=cfg.outer_nesterov)
+    outer = DiLoCo(model.named_parameters(), outer_optimizer=sgd, sync_interval=1,
+                   compression="topk" if cfg.mode == "demo_diloco" else "dense",
                    state_device=cfg.outer_state_device, inner_optimizers=[inner], fused=False)
     outer.before_inner_step()
     backward(model)

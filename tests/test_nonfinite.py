@@ -12,7 +12,7 @@ from flexdemo import DeMo
 from flexdemo.compression.exchange import any_nonfinite
 from flexdemo.optim.demo import NonFiniteGradientError
 from multiproc import run_ranks
-from toy_problem import all_ranks_equal, backward_on, make_params
+from toy_problem import all_ranks_equal, backward_on, make_params, outer_sgd
 
 LR, WD, DECAY, BAD_STEP = 0.01, 0.1, 0.9, 2
 
@@ -167,8 +167,8 @@ def _diloco(rank, world, compression, encoding):
 
     params = make_params()
     inner = torch.optim.SGD(params, lr=0.1)
-    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, compression=compression,
-                   value_encoding=encoding, topk=8, inner_optimizers=[inner])
+    outer = DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=outer_sgd(params), sync_interval=1,
+                   compression=compression, value_encoding=encoding, topk=8, inner_optimizers=[inner])
     results = []
     for cycle in range(3):
         outer.before_inner_step()

@@ -9,7 +9,7 @@ import torch
 from flexdemo import DeMo
 from flexdemo.optim.diloco import DiLoCo
 from multiproc import run_ranks
-from toy_problem import make_params
+from toy_problem import make_params, outer_sgd
 
 TIMEOUT = 2.0
 STALL = 12.0
@@ -23,8 +23,8 @@ def _stalled_peer(rank, world, which):
         opt = DeMo(params, lr=0.01, exchange_timeout=TIMEOUT)
         step = opt.step
     else:
-        opt = DiLoCo([(str(i), p) for i, p in enumerate(params)], sync_interval=1, exchange_timeout=TIMEOUT,
-                     compression="dense", inner_optimizers=())
+        opt = DiLoCo([(str(i), p) for i, p in enumerate(params)], outer_optimizer=outer_sgd(params), sync_interval=1,
+                     exchange_timeout=TIMEOUT, compression="dense", inner_optimizers=())
         step = opt.sync
     if rank == 1:
         time.sleep(STALL)  # the peer across the slow link never shows up in time

@@ -13,7 +13,7 @@ from flexdemo.optim.diloco import DiLoCo
 from multiproc import run_ranks
 from reference_demo import ReferenceDeMo, agrees_then_realign
 from titan_launch import REPO
-from toy_problem import INPUT_NUMEL, all_ranks_equal, backward_on, make_params, step_both
+from toy_problem import INPUT_NUMEL, all_ranks_equal, backward_on, make_params, outer_sgd, step_both
 
 TOPK = 8
 
@@ -46,9 +46,9 @@ def test_full_budget_fp32_is_the_allgather_update_bit_for_bit_at_8_replicas():
 def _outer_full_budget_equals_allgather(rank, world, cycles):
     sharded, gathered = make_params(0), make_params(0)
     kw = dict(sync_interval=2, compression="topk", value_encoding="fp32", topk=TOPK, chunk=64)
-    outers = [DiLoCo([(str(i), p) for i, p in enumerate(sharded)], exchange="sharded", sharded_topk=world * TOPK,
-                     **kw),
-              DiLoCo([(str(i), p) for i, p in enumerate(gathered)], **kw)]
+    outers = [DiLoCo([(str(i), p) for i, p in enumerate(sharded)], outer_optimizer=outer_sgd(sharded),
+                     exchange="sharded", sharded_topk=world * TOPK, **kw),
+              DiLoCo([(str(i), p) for i, p in enumerate(gathered)], outer_optimizer=outer_sgd(gathered), **kw)]
     inners = [torch.optim.AdamW(sharded, lr=1e-2), torch.optim.AdamW(gathered, lr=1e-2)]
     for outer, inner in zip(outers, inners):
         outer.set_inner_optimizers([inner])

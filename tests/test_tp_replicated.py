@@ -79,10 +79,13 @@ def _diloco(rank, world, compression):
     replica, tp = divmod(rank, 2)
     w, n, ref = _params(mesh, tp)
     inner, ref_inner = torch.optim.SGD([w, n], lr=0.1), torch.optim.SGD([ref], lr=0.1)
-    kw = dict(sync_interval=2, outer_lr=0.7, outer_momentum=0.9, compression=compression, topk=4, chunk=16,
+    kw = dict(sync_interval=2, compression=compression, topk=4, chunk=16,
               replicate_group=mesh["replicate"].get_group())
-    outer = DiLoCo([("w", w), ("n", n)], inner_optimizers=[inner], **kw)
-    ref_outer = DiLoCo([("n", ref)], inner_optimizers=[ref_inner], **kw)
+    # the outer optimizer holds the vector on every TP rank; a non-owner gives it no gradient
+    outer = DiLoCo([("w", w), ("n", n)], outer_optimizer=torch.optim.SGD([w, n], lr=0.7, momentum=0.9, nesterov=True),
+                   inner_optimizers=[inner], **kw)
+    ref_outer = DiLoCo([("n", ref)], outer_optimizer=torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True),
+                       inner_optimizers=[ref_inner], **kw)
     for step in range(2 * kw["sync_interval"]):
         _set_grads(w, n, ref, replica, step, tp)
         for o, i in ((outer, inner), (ref_outer, ref_inner)):

@@ -66,3 +66,9 @@ def run_from(build, steps, grads, state=None):
         grads(params, step)
         opt.step()
     return params, opt
+
+
+def outer_sgd(params, lr=0.7, momentum=0.9, nesterov=True):
+    """A DiLoCo's outer optimizer as a caller builds it (defaults: the TOML keys' outer_lr 0.7,
+    outer_momentum 0.9, outer_nesterov)."""
+    return torch.optim.SGD(list(params), lr=lr, momentum=momentum, nesterov=nesterov)

@@ -13,10 +13,17 @@ group). At a sync, per parameter and on this rank's local shard:
      each coefficient)``. Unlike the paper's code, the worker's own uncompressed ``pg`` is
      never added back, so the update depends only on bytes every replica received
      (``transform="none"``, SparseLoCo's rule: top-k of ``e``'s raw blocks, no DCT);
-3. ``torch.optim.SGD`` (dampening 0) on ``global``, the outer gradient in its ``.grad``
-   (diloco_outer.py): with momentum ``m = mu * m + g`` and the step ``g + mu * m`` (Nesterov)
-   or ``m``; ``global -= lr * step``;
-4. ``local := global``.
+3. the caller's outer optimizer, given at construction as torchft's ``DiLoCo`` takes it
+   (``outer_optimizer=torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)``;
+   ``outer_sgd(...)`` builds it from the TOML keys): the parameters := ``global``, the outer
+   gradient into their ``.grad``, its ``step()``, ``global :=`` the result (diloco_outer.py,
+   :class:`OuterStep`). SGD with dampening 0: ``m = mu * m + g``, the step ``g + mu * m``
+   (Nesterov) or ``m``, ``global -= lr * step``; its lr is read at every outer step (an lr
+   scheduler on it works), its momentum and Nesterov at construction (the replicas agree on
+   them), and its momentum buffers are the checkpointed ``momentum`` tensors. Only SGD is taken
+   (DiLoCo's checkpoint and heal carry SGD's state only); with ``state_device="cpu"`` its
+   param group drives torch's functional ``sgd`` on each streamed tensor instead of ``step()``;
+4. ``local := global`` (the parameters hold it after step 3).
 
 Every replica computes the same bits in steps 2-4, so replicas are bit-identical after every
 sync. A replica whose cycle produced non-finite parameters (found before anything is sent,
@@ -80,12 +87,14 @@ from flexdemo.optim.diloco_args import WIRE_DTYPES, Compression, StateDevice, ch
 from flexdemo.optim.diloco_dense import dense_outer_exchange
 from flexdemo.optim.diloco_outer import (
     Entry,
-    OuterSGD,
+    OuterStep,
     entries_state_dict,
     entry_keys,
     load_entries,
     load_shared_copies,
     new_entry,
+    outer_param_group,
+    outer_sgd,  # noqa: F401  (the outer optimizer the TOML keys describe, for callers)
     shared_copies,
 )
 from flexdemo.optim.diloco_topk import topk_outer_exchange
@@ -107,10 +116,8 @@ class DiLoCo:
         self,
         named_params: Iterable[tuple[str, torch.Tensor]],
         *,
+        outer_optimizer: torch.optim.Optimizer,
         sync_interval: int,
-        outer_lr: float = 0.7,
-        outer_momentum: float = 0.9,
-        nesterov: bool = True,
         compression: Compression = "dense",
         value_encoding: str = "fp32",
         topk: int = 32,
@@ -129,12 +136,15 @@ class DiLoCo:
         transform: str = "dct",
         inner_optimizers: Iterable[torch.optim.Optimizer] | None = None,
     ):
+        named = [(n, p) for n, p in named_params if p.requires_grad]
+        group = outer_param_group(outer_optimizer, [p for _, p in named], [n for n, _ in named])
+        # the replicas agree on these (read at construction; the lr is read again at every step)
+        outer_lr, outer_momentum, nesterov = group["lr"], group["momentum"], group["nesterov"]
         check_args(sync_interval, outer_lr, outer_momentum, nesterov, compression, value_encoding,
                    topk, chunk, decay, state_device, max_consecutive_skips, nonfinite, transform)
         check_index_coding(index_coding)
-        named = [(n, p) for n, p in named_params if p.requires_grad]
         self.sync_interval = sync_interval
-        self.outer_lr, self.outer_momentum, self.nesterov = float(outer_lr), float(outer_momentum), nesterov
+        self.outer_optimizer = outer_optimizer
         self.compression, self.value_encoding, self.decay = compression, value_encoding, float(decay)
         self.replicate_group = replica_group(replicate_group)
         self.offload = state_device == "cpu"
@@ -153,9 +163,9 @@ class DiLoCo:
         # a parameter TP replicates is synced by its owner TP rank; the others mirror it
         self._tp = TPReplicated([p for _, p in named])
 
-        self.entries = [new_entry(n, p, self.offload, self.outer_momentum > 0, compression == "topk")
+        self.entries = [new_entry(n, p, self.offload, outer_momentum > 0, compression == "topk")
                         for n, p in named if self._tp.exchanged(p)]
-        self.outer_optimizer = OuterSGD(self.entries, self.outer_lr, self.outer_momentum, nesterov, self.offload)
+        self._outer = OuterStep(outer_optimizer, group, self.entries, self.offload)
         self.inner_steps = 0  # inner steps since the last sync (the position in the H-step cycle)
         self.outer_steps = 0
         self.has_global = False  # set at the first cycle's start, or by loading a checkpoint
@@ -218,7 +228,7 @@ class DiLoCo:
         self.inner_optimizers = optimizers
 
     def state_bytes_per_param(self) -> int:
-        return 4 * (1 + (self.outer_momentum > 0) + (self.compression == "topk"))
+        return 4 * (1 + (self._outer.fixed["momentum"] > 0) + (self.compression == "topk"))
 
     # -- the outer step ---------------------------------------------------------------------
 
@@ -289,11 +299,11 @@ class DiLoCo:
             local = local_tensor(e.param)
             pairs.append((e, mean[offset : offset + local.numel()].view(local.shape)))
             offset += local.numel()
-        self.outer_optimizer.step(pairs)
+        self._outer.step(pairs)
 
     def _sync_topk(self, bad: bool) -> tuple[Traffic, bool | None]:
         traffic, skip, timer = topk_outer_exchange(self.compressor, self._member_entry, bad, self.decay,
-                                                   self._on_device, self._to_state, self.outer_optimizer.step)
+                                                   self._on_device, self._to_state, self._outer.step)
         self._timers.append(timer)
         return traffic, skip
 

@@ -3,20 +3,29 @@ outer momentum and error feedback, on the parameters' device or in pinned host m
 checkpoint form: what every replica shares under ``prefix``, what differs per replica under
 ``replica_prefix``.
 
-The step (:class:`OuterSGD`): ``torch.optim.SGD`` (dampening 0, no weight decay; Nesterov or not)
-on the global copies, the replicas' outer gradient written into their ``.grad`` as in torchft's
-``local_sgd.DiLoCo``. Its momentum buffers ARE the entries' ``momentum`` tensors (put into the
-SGD's state before its first step), so checkpoints, healing and the replica check keep the keys
-and tensors they had when the step was written by hand, and an old checkpoint loads unchanged.
+The step (:class:`OuterStep`): the caller's ``torch.optim.SGD`` (dampening 0, no weight decay;
+Nesterov or not), given to DiLoCo at construction as torchft's ``local_sgd.DiLoCo`` takes its
+outer optimizer, over the model's parameters. As torchft does, the parameters are set to the
+global copy, the replicas' outer gradient is written into their ``.grad`` and the optimizer's
+``step()`` moves them; the global copy then takes their values. Its momentum buffers ARE the
+entries' ``momentum`` tensors (put into the optimizer's state at construction), so checkpoints,
+healing and the replica check keep the keys and tensors they had when the step was written by
+hand, and an old checkpoint loads unchanged. Another optimizer (Adam as the outer one) is refused:
+its state would be in none of those. The optimizer's ``step()`` over the parameters, not a copy of
+its arithmetic on the global copies, is what runs, so its param group is the one truth: its lr is
+read at every step. It costs one parameter-sized copy per outer step more than stepping the global
+copies (parameters := global before the step, global := parameters after, against local :=
+global): about 2 ms at 0.99 B fp32 parameters at an H200's bandwidth, once per ``sync_interval``.
 
-With the state in pinned host memory (``state_device="cpu"``) the optimizer object is not used,
-for a measured reason: ``torch.optim.SGD`` steps tensors where they live, so it would run on
-the host's cores (the outer gradient copied down, the new global copy up). One step of 0.99 B
-fp32 parameters (Nesterov) on one H200 with 16 host cores, torch 2.11: 759 ms that way, 301 ms
-streamed as below, 13.7 ms with the state on the GPU (0.27 B: 220 / 82 / 3.8 ms). Instead
-each tensor is streamed through the device (global copy and momentum up, the step, both back)
-and stepped by ``torch.optim.sgd.sgd``, the same optimizer's functional form: the same kernels,
-so host state gives the same bits as device state.
+With the state in pinned host memory (``state_device="cpu"``) the optimizer's ``step()`` is not
+called, for a measured reason: ``torch.optim.SGD`` steps tensors where they live, so its state
+would have to be on the host and it would run on the host's cores (the outer gradient copied
+down, the new global copy up). One step of 0.99 B fp32 parameters (Nesterov) on one H200 with
+16 host cores, torch 2.11: 759 ms that way, 301 ms streamed as below, 13.7 ms with the state on
+the GPU (0.27 B: 220 / 82 / 3.8 ms). Instead each tensor is streamed through the device (global
+copy into the parameter, momentum up, the step, both back) and stepped by
+``torch.optim.sgd.sgd``, the functional form ``SGD.step`` calls, with the optimizer's param group
+settings: the same kernels, so host state gives the same bits as device state.
 
 Summation order: torch's SGD computes what the hand-written step it replaced did, per element
 and in the same order (``m = mu * m + g``; ``g + mu * m`` (Nesterov); ``p - lr * step``); on
@@ -34,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.optim.sgd import sgd
 
 from flexdemo.local import like_param, local_tensor
@@ -130,41 +140,145 @@ def copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
-class OuterSGD:
-    """``step(pairs)``: for each ``(entry, outer_gradient)`` one SGD step of the global copy, then
-    the local parameters := the global copy. Entries without a gradient are left alone, so the
-    step may run bucket by bucket as the exchange delivers them."""
+# the param group's settings DiLoCo's outer step fixes at construction (only the lr may change)
+FIXED_SETTINGS = ("momentum", "nesterov", "dampening", "weight_decay", "maximize")
 
-    def __init__(self, entries: list[Entry], lr: float, momentum: float, nesterov: bool, offload: bool):
-        self.lr, self.momentum, self.nesterov, self.offload = lr, momentum, nesterov, offload
-        self.optimizer: torch.optim.SGD | None = None
-        if entries and not offload:
-            self.optimizer = torch.optim.SGD([e.global_copy for e in entries], lr=lr, momentum=momentum,
-                                             nesterov=nesterov)
+
+def outer_sgd(params, lr: float, momentum: float, nesterov: bool) -> torch.optim.SGD:
+    """The outer optimizer the TOML keys describe (``outer_lr``, ``outer_momentum``,
+    ``outer_nesterov``): ``torch.optim.SGD`` over ``params``, to pass as ``DiLoCo(outer_optimizer=)``."""
+    return torch.optim.SGD(list(params), lr=lr, momentum=momentum, nesterov=nesterov)
+
+
+def outer_param_group(optimizer, params: list[torch.Tensor], names: list[str]) -> dict:
+    """The one param group of ``optimizer`` that holds every parameter of ``params`` (named
+    ``names``); TypeError / ValueError (``DiLoCo: ...``) for what DiLoCo's outer step cannot take."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DiLoCo: outer_optimizer must be a torch.optim.Optimizer instance, e.g. "
+                        f"torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True); "
+                        f"got {type(optimizer).__name__}")
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise TypeError(
+            f"DiLoCo: outer_optimizer must be a torch.optim.SGD, got {type(optimizer).__name__}: DiLoCo's "
+            "checkpoint (state_dict), the state a rejoining elastic replica receives and the settings "
+            "the replicas compare at start hold SGD's lr, momentum and momentum buffer only, so another "
+            "optimizer's state would be lost at a restart or a heal")
+    group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    missing = [n for n, p in zip(names, params) if id(p) not in group_of]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ValueError(f"DiLoCo: outer_optimizer does not hold the parameters {missing[:3]}{more}: build it "
+                         "over (a superset of) the parameters DiLoCo syncs, the same tensor objects")
+    groups = sorted({group_of[id(p)] for p in params})
+    if len(groups) > 1:
+        raise ValueError(f"DiLoCo: the parameters DiLoCo syncs are in param groups {groups} of outer_optimizer: "
+                         "put them in one (the replicas agree on one outer lr, momentum and Nesterov)")
+    group = optimizer.param_groups[groups[0] if groups else 0]
+    unsupported = {k: group[k] for k, plain in (("dampening", 0), ("weight_decay", 0), ("maximize", False))
+                   if group.get(k, plain) != plain}
+    if unsupported:
+        raise ValueError(
+            f"DiLoCo: outer_optimizer's {unsupported} is not supported: its outer step is SGD with dampening 0, "
+            "no weight decay, minimizing (the streamed step of state_device=\"cpu\" implements only that, and "
+            "the replicas' start-up agreement compares only lr, momentum and Nesterov)")
+    with_state = [n for n, p in zip(names, params) if optimizer.state.get(p)]
+    if with_state:
+        raise ValueError(f"DiLoCo: outer_optimizer already holds state for {with_state[:3]}: pass a fresh one "
+                         "(DiLoCo keeps the outer momentum itself and restores it by its load_state_dict)")
+    return group
+
+
+class OuterStep:
+    """``step(pairs)``: for each ``(entry, outer_gradient)`` one step of the caller's outer
+    optimizer (a ``torch.optim.SGD`` over the model's parameters, as torchft's DiLoCo takes it)
+    from the global copy, then the global copy := the result; the local parameters end equal to
+    it. Entries without a gradient are left alone, so the step may run bucket by bucket as the
+    exchange delivers them.
+
+    On the device (``offload`` False), per bucket, as torchft's ``_StreamingDiLoCoFragment``
+    does: the local parameters := the global copy; their ``.grad`` := the outer gradient (a DTensor
+    with the parameter's sharding where the parameter is one); ``optimizer.step()``; the global
+    copy := the parameters. Every other parameter of the optimizer has its ``.grad`` (an inner
+    gradient, say) set aside during the step, so only this bucket moves, and every ``.grad`` is
+    given back after it. The momentum buffers in the optimizer's ``state`` ARE the entries'
+    ``momentum`` tensors (as DTensors sharing their storage where the parameters are DTensors),
+    so a checkpoint load or a heal fills them in place. A TP rank that does not own a replicated
+    parameter has no entry for it: no gradient, so the optimizer leaves it (the owner's values are
+    mirrored to it after the step).
+
+    With the state in host memory (``offload``) the optimizer's ``step()`` is not called (it would
+    step the parameters with their state where it lives): its param group's settings, read at each
+    step, drive ``torch.optim.sgd.sgd`` (the same functional form SGD.step calls) per streamed tensor,
+    the momentum buffer brought to the device and back.
+
+    The lr is read from the param group at every step (an lr scheduler on the optimizer takes
+    effect at the next outer step); the settings of :data:`FIXED_SETTINGS` may not change."""
+
+    def __init__(self, optimizer: torch.optim.SGD, group: dict, entries: list[Entry], offload: bool):
+        self.optimizer, self.group, self.entries, self.offload = optimizer, group, entries, offload
+        self.fixed = {k: group.get(k) for k in FIXED_SETTINGS}
+        self._buffers = {}  # id(param) -> the momentum buffer put into the optimizer's state
+        if not offload:
             for e in entries:
-                if e.momentum is not None:  # the same tensor: filled in place by a checkpoint load
-                    self.optimizer.state[e.global_copy]["momentum_buffer"] = e.momentum
+                if e.momentum is not None:  # the same storage: filled in place by a checkpoint load
+                    self._buffers[id(e.param)] = like_param(e.momentum, e.param)
+                    optimizer.state[e.param]["momentum_buffer"] = self._buffers[id(e.param)]
+
+    @property
+    def lr(self) -> float:
+        return self.group["lr"]
 
     @torch.no_grad()
     def step(self, pairs: list[tuple[Entry, torch.Tensor]]) -> None:
+        self._check_settings(pairs)
         if self.offload:
             for e, grad in pairs:
                 self._streamed(e, grad)
             return
-        for e, grad in pairs:
-            e.global_copy.grad = grad.to(e.global_copy.dtype)
-        self.optimizer.step()
-        for e, _ in pairs:
-            e.global_copy.grad = None
-            local_tensor(e.param).copy_(e.global_copy)
+        stepped = {id(e.param) for e, _ in pairs}
+        aside = [(p, p.grad) for g in self.optimizer.param_groups for p in g["params"]
+                 if p.grad is not None and id(p) not in stepped]
+        own = [(e.param, e.param.grad) for e, _ in pairs]
+        try:
+            for p, _ in aside:
+                p.grad = None
+            # torch's foreach kernels take a list of DTensors or of plain tensors, not both: one step each
+            for kind in (True, False):
+                some = [(e, grad) for e, grad in pairs if isinstance(e.param, DTensor) == kind]
+                if not some:
+                    continue
+                for e, grad in some:
+                    local = local_tensor(e.param)
+                    local.copy_(e.global_copy)
+                    e.param.grad = like_param(grad.to(local.dtype), e.param)
+                self.optimizer.step()
+                for e, _ in some:
+                    e.param.grad = None
+                    e.global_copy.copy_(local_tensor(e.param))
+        finally:
+            for p, g in aside + own:
+                p.grad = g
 
     def _streamed(self, e: Entry, grad: torch.Tensor) -> None:
         local = local_tensor(e.param)
-        glob = e.global_copy.to(local.device, non_blocking=True)
+        local.copy_(e.global_copy, non_blocking=True)
         buf = None if e.momentum is None else e.momentum.to(local.device, non_blocking=True)
-        sgd([glob], [grad.to(glob.dtype)], [buf], weight_decay=0.0, momentum=self.momentum, lr=self.lr,
-            dampening=0.0, nesterov=self.nesterov, maximize=False)
-        local.copy_(glob)
-        e.global_copy.copy_(glob, non_blocking=True)
+        g = self.group
+        sgd([local], [grad.to(local.dtype)], [buf], weight_decay=0.0, momentum=g["momentum"], lr=g["lr"],
+            dampening=0.0, nesterov=g["nesterov"], maximize=False, foreach=g.get("foreach"), fused=g.get("fused"))
+        e.global_copy.copy_(local, non_blocking=True)
         if buf is not None:
             e.momentum.copy_(buf, non_blocking=True)
+
+    def _check_settings(self, pairs) -> None:
+        changed = {k: (v, self.group.get(k)) for k, v in self.fixed.items() if self.group.get(k) != v}
+        if changed:
+            raise ValueError(f"DiLoCo: the outer optimizer's settings changed since construction "
+                             f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in changed.items())}): only its lr "
+                             "may change (the state DiLoCo keeps and the replicas' agreed settings depend on them)")
+        for e, _ in pairs:
+            buf = self._buffers.get(id(e.param))
+            if buf is not None and self.optimizer.state[e.param].get("momentum_buffer") is not buf:
+                raise RuntimeError(
+                    f"DiLoCo: the outer optimizer's momentum buffer of {e.name} was replaced (by its "
+                    "load_state_dict?): DiLoCo holds the outer momentum; restore it by DiLoCo.load_state_dict")
