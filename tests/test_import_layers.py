@@ -29,6 +29,7 @@ RANKS = {
     "flexdemo.elastic": 3,  # torchft's Manager as a ReplicaGroup (nothing below imports it)
     "flexdemo.modes": 3.5,  # the mode registry: what each mode reads, checks, builds, records (no torchtitan)
     "flexdemo.run_settings": 3.6,  # what the replicas of a run agree on: the mode's tag, start-up, elastic join
+    "flexdemo.section": 3.6,  # the [flexdemo] section's keys and their own checks (no torchtitan)
     "flexdemo": 4,  # flexdemo/__init__.py: the public names
     "flexdemo.titan": 4,  # the torchtitan plugin
     "flexdemo.plan": 5,  # the cluster planner: reads configs and memory estimates through the plugin

@@ -16,7 +16,7 @@ import pytest
 
 from flexdemo.modes import EVERY_MODE_KEYS, MODES, mode_of
 from flexdemo.run_settings import RunSettings
-from flexdemo.titan.config import FlexDemo, Mode
+from flexdemo.section import FlexDemo, Mode
 
 ROOT = Path(__file__).resolve().parent.parent / "flexdemo"
 

@@ -11,6 +11,8 @@ import torch.nn as nn
 
 from flexdemo import DeMo
 from flexdemo.optim.diloco import RepeatedSkipsError
+from flexdemo.run_settings import RunSettings
+from flexdemo.section import FlexDemo
 from flexdemo.titan.optimizer import FlexOptimizersContainer
 from multiproc import run_ranks
 
@@ -26,7 +28,8 @@ def _model():
 def _container(model, cls, kwargs, limit):
     return FlexOptimizersContainer(
         [model], cls, kwargs, replicate_group=dist.group.WORLD, replica_check_interval=0,
-        modelled_bytes_per_step=None, per_replica_state=True, format_key="test", last_step=STEPS,
+        modelled_bytes_per_step=None, per_replica_state=True, run_settings=RunSettings(FlexDemo()),
+        format_key="test", last_step=STEPS,
         max_consecutive_skips=limit,
     )
 
