@@ -15,13 +15,10 @@ from dataclasses import dataclass, field
 
 from torchtitan.config.job_config import JobConfig as _TitanJobConfig
 
-from flexdemo.data.dataset import is_embedded_dataset
-from flexdemo.modes import mode_of
 from flexdemo.run_settings import RunSettings
 from flexdemo.section import FlexDemo, FlexDemoConfigError, check_section, replica_check_steps  # noqa: F401 (re-exported)
-from flexdemo.section import fail as _fail
 
-from .elastic import check_elastic
+from .checks import validate_job_config  # noqa: F401 (re-exported)
 
 # Set on the job config by flexdemo.titan.entry.FlexTrainer before torchtitan builds
 # anything: each replica's loss is normalised by its own tokens, so parallelize
@@ -31,75 +28,6 @@ REPLICA_LOCAL_LOSS_ATTR = "_flexdemo_replica_local_loss"
 
 def replica_local_loss(job_config) -> bool:
     return bool(getattr(job_config, REPLICA_LOCAL_LOSS_ATTR, False))
-
-
-def validate_job_config(job_config, world_size: int | None) -> None:
-    """Cross-section checks; raises FlexDemoConfigError with one clear message."""
-    c: FlexDemo = job_config.flexdemo
-    check_section(c)
-    # "auto" becomes its number here, so that every reader of the section (the optimizer builder,
-    # which runs after this check in every rank) sees steps.
-    c.replica_check_interval = replica_check_steps(c)
-    p = job_config.parallelism
-    non_dp = p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree
-    if world_size is not None:
-        rep = p.data_parallel_replicate_degree
-        if rep < 1 or world_size % (rep * non_dp) != 0:
-            _fail(
-                f"parallelism.data_parallel_replicate_degree={rep} (x tp*pp*cp={non_dp}) "
-                f"does not divide the world size {world_size}"
-            )
-        shard = p.data_parallel_shard_degree
-        if shard != -1 and rep * shard * non_dp != world_size:
-            _fail(
-                f"replicate({rep}) x shard({shard}) x tp*pp*cp({non_dp}) != world size {world_size}"
-            )
-    lr, spec = job_config.optimizer.lr, mode_of(c)
-    if spec.lr_is_step_size and not (isinstance(lr, (int, float)) and 0.0 < float(lr) < float("inf")):
-        _fail(f"optimizer.lr={lr!r}; mode '{c.mode}' needs a finite lr > 0 (the size of DeMo's sign step)")
-    if job_config.optimizer.early_step_in_backward:
-        _fail("optimizer.early_step_in_backward is not supported by the flexdemo train specs")
-    if job_config.validation.enable and not c.validation_same_batches and is_embedded_dataset(job_config.validation.dataset):
-        _fail(f"validation_same_batches=false with [validation] dataset {job_config.validation.dataset!r}: flexdemo's "
-              "held-out splits are read as the same fixed windows at every validation (docs/data.md); remove the "
-              "key, or validate on another dataset")
-    if job_config.fault_tolerance.enable:
-        check_elastic(job_config, _fail)
-    if not spec.separate_replicas:
-        if p.tensor_parallel_degree > 1 and p.data_parallel_replicate_degree > 1 and p.data_parallel_shard_degree == 1:
-            _fail(
-                f"mode='off' with parallelism.tensor_parallel_degree={p.tensor_parallel_degree} and "
-                f"data_parallel_replicate_degree={p.data_parallel_replicate_degree} needs "
-                "data_parallel_shard_degree >= 2: with one shard torchtitan replicates through DDP, which "
-                "does not take tensor parallelism (flexdemo's own modes do)"
-            )
-        return
-    elastic = job_config.fault_tolerance.enable  # replicas are other jobs
-    if world_size is not None and world_size > 1 and p.data_parallel_replicate_degree < 2 and not elastic:
-        _fail(
-            f"mode={c.mode!r} needs parallelism.data_parallel_replicate_degree >= 2 (it exchanges "
-            "across replicas); use mode='off' for a single replica"
-        )
-    # Inside a replica: FSDP and tensor parallelism (each rank exchanges its own local shard with
-    # the ranks holding the same shard in the other replicas: the dp_replicate group).
-    unsupported = {
-        "pipeline_parallel_degree": p.pipeline_parallel_degree,
-        "context_parallel_degree": p.context_parallel_degree,
-        "expert_parallel_degree": p.expert_parallel_degree,
-    }
-    bad = [f"{k}={v}" for k, v in unsupported.items() if v != 1]
-    if bad:
-        _fail(
-            f"mode={c.mode!r} takes FSDP and tensor parallelism inside a replica (flexdemo's exchange "
-            f"across replicas), not pipeline, context or expert parallelism; got "
-            f"parallelism.{', parallelism.'.join(bad)}. Use mode='off' for PP/CP/EP."
-        )
-    if spec.outer is not None and c.replica_check_interval % c.sync_interval != 0:
-        _fail(
-            f"replica_check_interval={c.replica_check_interval} must be a multiple of "
-            f"sync_interval={c.sync_interval} in mode={c.mode!r}: replicas are identical only right "
-            "after an outer step"
-        )
 
 
 @dataclass

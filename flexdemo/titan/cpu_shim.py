@@ -80,13 +80,14 @@ def _cpu_device_module() -> types.SimpleNamespace:
     )
 
 
-def apply() -> None:
-    """Point torchtitan at the CPU.  Idempotent; call before building the Trainer."""
+def apply(name_copies: tuple[str, ...] = _NAME_COPIES) -> None:
+    """Point torchtitan at the CPU.  Idempotent; call before building the Trainer.
+    ``name_copies``: the modules holding copies (another torchtitan version: its own list)."""
     global _active
     if _active:
         return
     module = _cpu_device_module()
-    for name in _NAME_COPIES:
+    for name in name_copies:
         mod = importlib.import_module(name)
         if hasattr(mod, "device_type"):
             mod.device_type = "cpu"

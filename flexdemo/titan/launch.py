@@ -29,7 +29,6 @@ CPU_DEFAULT_NPROC = 4
 # Imported once by the CPU forkserver (flexdemo.titan.entry's heavy dependencies, not torchtitan).
 CPU_PRELOAD = ["torch._dynamo", "torch._inductor.compile_fx", "torch.distributed.tensor",
                "torch.nn.attention.varlen", "datasets"]
-RANK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run.py")
 
 
 @dataclass
@@ -48,9 +47,17 @@ def plan(config: str, overrides: list[str]) -> LaunchPlan:
     3. flexdemo's embedded corpus + tokenizer built once where the config needs them (its
        ``hf_assets_path`` holds no tokenizer and it trains on an embedded dataset, or names no
        path), said in one line; a config's own tokenizer is kept.
-    A bad config exits here with one line and code 2 (flexdemo.titan.entry)."""
+    A bad config exits here with one line and code 2 (flexdemo.titan.entry).
+    On torchtitan 0.3.0: flexdemo.titan.v0_3.launch_plan (flexdemo.titan.version decides)."""
     import torch
 
+    from . import version
+
+    if version.V0_3:
+        from .v0_3.launch_plan import nproc
+
+        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return LaunchPlan(ngpu, nproc(config, overrides, ngpu), "")  # its TOML reader resolves the assets
     from .data import embedded_tokenizer_dir
     from .entry import check_config_or_exit
 
@@ -107,11 +114,13 @@ def main(argv: list[str] | None = None) -> None:
     if cpu and not started:
         start_cpu_forkserver()
     p = plan(config, overrides)
+    from . import version  # the rank entry of the installed torchtitan
+
     if cpu:
         print(f"launch: no GPU found, running {p.nproc} CPU processes with gloo", file=sys.stderr, flush=True)
-        rank = ["--start-method", "forkserver", "--run-path", RANK_SCRIPT]
+        rank = ["--start-method", "forkserver", "--run-path", version.rank_script()]
     else:
-        rank = ["-m", "flexdemo.titan.run"]
+        rank = ["-m", version.rank_module()]
     assets = ["--model.hf_assets_path", p.assets] if p.assets else []
 
     from torch.distributed.run import main as torchrun

@@ -19,7 +19,7 @@ from flexdemo.optim.diloco import DiLoCo
 from flexdemo.optim.nonfinite import describe_nonfinite
 from flexdemo.replica_check import shared_tensors
 
-from .metrics import SkippedSteps
+from .meters import SkippedSteps
 
 
 class EveryStep:

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 from torchtitan.distributed import ParallelDims
 
-from .config import FlexDemoConfigError
+from flexdemo.section import FlexDemoConfigError  # torchtitan-free: the 0.3.0 adapter reuses the views
 
 TORCHTITAN_VERSION = "0.2.2"
 

@@ -1,0 +1,50 @@
+"""flexdemo's embedded corpus (flexdemo.data) as a torchtitan 0.3.0 dataloader component: the
+trainer builds ``config.dataloader`` (0.2.2: TrainSpec.build_dataloader_fn), so the Config put
+there names this class. The dataset is 0.2.2's StdlibTextDataset, read the same way (same
+documents, same seed: ``[debug] seed``, as 0.2.2 seeds it). The tokenizer is torchtitan's
+HuggingFaceTokenizer on flexdemo's asset dir (toml_config resolves an empty hf_assets_path)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.tools.logging import logger
+
+from flexdemo.data.assets import ensure_assets, load_corpus, read_manifest
+from flexdemo.data.dataset import SPLITS, StdlibTextDataset
+from flexdemo.section import FlexDemoConfigError
+
+
+class FlexDataLoader(ParallelAwareDataloader):
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        dataset: str = "flexdemo_stdlib"
+        """One of flexdemo's embedded splits (flexdemo.data.dataset.SPLITS)."""
+        dataset_path: str = ""
+        """The corpus's asset dir ("": flexdemo's cache, built on first use)."""
+        seed: int = 0
+        """Shuffle seed of the documents (0.2.2: ``[debug] seed``)."""
+        infinite: bool = True
+
+    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
+                 local_batch_size: int, snapshot_every_n_steps: int | None = None, **_) -> None:
+        name = config.dataset.lower()
+        if name not in SPLITS:
+            raise FlexDemoConfigError(f"dataset {config.dataset!r} is not one of flexdemo's ({sorted(SPLITS)}); "
+                                      "on torchtitan 0.3.0 flexdemo's TOML reader takes these only")
+        if config.num_workers > 1:  # every worker would replay the same stream
+            raise FlexDemoConfigError(f"{name} supports dataloader num_workers 0 or 1")
+        corpus, split = SPLITS[name]
+        assets = ensure_assets(config.dataset_path or None, corpus=corpus)
+        documents = load_corpus(assets)[split]
+        tokens = read_manifest(assets).get("estimated_tokens", {}).get(split)
+        size = f", ~{tokens / 1e6:.1f} M tokens" if tokens else ""
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            logger.info(f"{name}: {len(documents)} documents{size} from {assets}, dp world {dp_world_size}")
+        dataset = StdlibTextDataset(documents, tokenizer, seq_len=seq_len, dp_rank=dp_rank,
+                                    dp_world_size=dp_world_size, infinite=config.infinite,
+                                    seed=config.seed, name=name)
+        super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size,
+                         num_workers=config.num_workers, pin_memory=config.pin_memory)

@@ -1,0 +1,65 @@
+"""FlexTrainer for torchtitan 0.3.0: torchtitan's Trainer whose Config adds the [flexdemo] section
+(flexdemo.section.FlexDemo, the same dataclass as 0.2.2's) -- as torchtitan's own
+experiments/torchft FaultTolerantTrainer adds ``fault_tolerance``. ``FlexTrainer.Config(...).build()``
+builds this class, so torchtitan's own ``-m torchtitan.train --module flexdemo.titan.v0_3 --config X``
+runs it too.
+
+Before torchtitan builds anything it checks the config (flexdemo.titan.checks) and hands the
+run's settings to what 0.3.0 calls without them: the model's parallelize_fn (a closure,
+parallelize.py) and the optimizers container (``optimizer.run``, optimizer.FlexRun).
+
+Replica-local loss normalisation, as 0.2.2's FlexTrainer: torchtitan divides each step's loss by
+the token count over the "batch" mesh, replicas included (an all-reduce over the slow link each
+step); in the modes that keep replicas apart each replica divides by its own tokens instead, so its
+gradient is its own mean gradient, through the same ParallelDims view as 0.2.2
+(torchtitan_workarounds.ReplicaLocalBatch: "batch" is the replica's shard group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from torchtitan.trainer import Trainer
+
+from flexdemo.modes import mode_of
+from flexdemo.section import FlexDemo
+
+from ..validators import ConsensusValidator
+from ..torchtitan_workarounds import ReplicaLocalBatch, _view
+from .optimizer import FlexOptimizersContainer, FlexRun
+from .parallelize import wrap_parallelize
+from .settings import validate
+
+
+class FlexTrainer(Trainer):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        flexdemo: FlexDemo = field(default_factory=FlexDemo)
+
+    def __init__(self, config: Config):
+        world = os.environ.get("WORLD_SIZE")
+        validate(config, int(world) if world else None)
+        if not isinstance(config.optimizer, FlexOptimizersContainer.Config):
+            raise ValueError("flexdemo's trainer needs optimizer=FlexOptimizersContainer.Config (its TOML reader "
+                             "and config_registry make one)")
+        section = config.flexdemo
+        self._flex_run = FlexRun(config)
+        config.optimizer.run = self._flex_run
+        spec = config.model_spec
+        config.model_spec = dataclasses.replace(spec, parallelize_fn=wrap_parallelize(spec.parallelize_fn, section))
+        super().__init__(config)
+        local = mode_of(section).separate_replicas and self.parallel_dims.dp_replicate > 1
+        if local:
+            self.parallel_dims = _view(ReplicaLocalBatch, self.parallel_dims)
+            # torchtitan sums the replica-local means over every replica: the logged loss is their mean
+            self.metrics_processor.loss_scale = 1.0 / self.parallel_dims.dp_replicate
+        # overlap_lookahead: validation scores the replicas' common parameters, not one's look-ahead.
+        if getattr(self, "validator", None) is not None and section.overlap_lookahead:
+            self.validator = ConsensusValidator(self.validator, self.optimizers.consensus)
+
+    def init_distributed(self):
+        parallel_dims = super().init_distributed()
+        self._flex_run.parallel_dims = parallel_dims  # for the optimizers container, built later
+        return parallel_dims
