@@ -77,6 +77,9 @@ class EveryStep:
     def load_state_dict(self, state_dict: dict[str, Any], *prefixes: str) -> None:
         pass
 
+    def load_again(self) -> None:
+        pass
+
     def heal_state(self) -> None:
         return None
 
@@ -162,6 +165,15 @@ class OuterCycle:
         # Also restores each replica's own local parameters (the model's keys hold one
         # replica's shards only): runs after DCP has loaded the model's tensors.
         self.outer.load_state_dict(state_dict, *prefixes)
+        self._loaded = (state_dict, prefixes)
+
+    def load_again(self) -> None:
+        """The last load once more: torchtitan 0.3.0 copies the model's saved tensors (replica 0's)
+        into the parameters after the optimizers' load (a fused parameter's are fresh tensors),
+        overwriting this replica's own local parameters (flexdemo.titan.v0_3.trainer)."""
+        loaded = getattr(self, "_loaded", None)
+        if loaded is not None:
+            self.outer.load_state_dict(loaded[0], *loaded[1])
 
     def heal_state(self):
         return self.outer.heal_state()

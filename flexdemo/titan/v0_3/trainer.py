@@ -55,9 +55,26 @@ class FlexTrainer(Trainer):
             self.parallel_dims = _view(ReplicaLocalBatch, self.parallel_dims)
             # torchtitan sums the replica-local means over every replica: the logged loss is their mean
             self.metrics_processor.loss_scale = 1.0 / self.parallel_dims.dp_replicate
+        self._load_replicas_after_model()
         # overlap_lookahead: validation scores the replicas' common parameters, not one's look-ahead.
         if getattr(self, "validator", None) is not None and section.overlap_lookahead:
             self.validator = ConsensusValidator(self.validator, self.optimizers.consensus)
+
+    def _load_replicas_after_model(self) -> None:
+        """0.3.0's checkpointer loads the model's tensors into the parameters after the optimizers'
+        state (dcp.py: ``states[MODEL].load_state_dict`` after ``dcp.load``): the DiLoCo modes' own
+        local parameters of each replica are loaded again after it (replica_sync.OuterCycle.load_again).
+        Done by shadowing that one object's load_state_dict; upstream fix: load the model first."""
+        model_state = getattr(self.checkpointer, "states", {}).get("model")
+        if model_state is None:
+            return
+        load, sync = model_state.load_state_dict, self.optimizers.sync
+
+        def load_then_replicas(state_dict):
+            load(state_dict)
+            sync.load_again()
+
+        model_state.load_state_dict = load_then_replicas
 
     def init_distributed(self):
         parallel_dims = super().init_distributed()
