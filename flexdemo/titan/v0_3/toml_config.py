@@ -33,6 +33,7 @@ from flexdemo.data.tokenizer import has_tokenizer
 from flexdemo.section import FlexDemo, FlexDemoConfigError
 
 from .data import FlexDataLoader
+from .heldout import HeldOutLoader
 from .metrics import FlexMetricsProcessor
 from .model import model_spec
 from .optimizer import FlexOptimizersContainer
@@ -63,7 +64,8 @@ MOVED = {
                   "implementation": str},
     "training": {"dataset": str, "dataset_path": str},
     "activation_checkpoint": {"mode": str},
-    "validation": {"enable": bool, "freq": int, "steps": int, "dataset": str, "dataset_path": str},
+    "validation": {"enable": bool, "freq": int, "steps": int, "dataset": str, "dataset_path": str,
+                   "local_batch_size": int, "seq_len": int},
     "debug": {"seed": int},
 }
 KEYS: dict[str, dict[str, Any]] = {s: {**SAME.get(s, {}), **MOVED.get(s, {})} for s in {*SAME, *MOVED}}
@@ -198,12 +200,25 @@ def build(t: dict[str, dict[str, Any]]) -> FlexTrainer.Config:
         flexdemo=FlexDemo(**t.get("flexdemo", {})),
     )
     if val:
-        cfg.validator = Validator.Config(
-            enable=val.get("enable", False), freq=val.get("freq", 10), steps=val.get("steps", -1),
-            dataloader=FlexDataLoader.Config(dataset=val.get("dataset", "flexdemo_stdlib_validation"),
-                                             dataset_path=val.get("dataset_path", ""), seed=seed or 0,
-                                             infinite=False))
+        cfg.validator = _validator(val, cfg.training)
     return cfg
+
+
+def _validator(val: dict[str, Any], training) -> Validator.Config:
+    """[validation] -> 0.3.0's validator, over flexdemo's held-out windows (heldout.py). Its batch
+    and sequence are the training's in 0.3.0: other values are refused, not ignored."""
+    for key in ("local_batch_size", "seq_len"):
+        if key in val and val[key] != getattr(training, key):
+            raise FlexDemoConfigError(f"[validation] {key} = {val[key]}: torchtitan 0.3.0 validates with the "
+                                      f"training's ({getattr(training, key)}); remove the key or make them equal")
+    dataset = val.get("dataset", "flexdemo_stdlib_validation")
+    if dataset.lower() not in SPLITS:
+        raise FlexDemoConfigError(f"[validation] dataset {dataset!r}: on torchtitan 0.3.0 flexdemo validates on "
+                                  f"its held-out splits only ({sorted(k for k in SPLITS if 'validation' in k)})")
+    steps = val.get("steps", -1)
+    return Validator.Config(enable=val.get("enable", False), freq=val.get("freq", 10), steps=steps,
+                            dataloader=HeldOutLoader.Config(dataset=dataset, dataset_path=val.get("dataset_path", ""),
+                                                            steps=steps))
 
 
 def _activation_checkpoint(mode: str):
