@@ -12,10 +12,9 @@ applied to the TOML's table, so they go through the same mapping and checks.
 
 from __future__ import annotations
 
-import os
 import tomllib
 from dataclasses import fields
-from typing import Any, get_args
+from typing import Any
 
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
@@ -128,13 +127,11 @@ def _typed(section: str, key: str, raw: str) -> Any:
         return [v for v in raw.split(",") if v]
     if kind in (int, float, str):
         return raw if kind is str else _number(section, key, raw, kind)
-    choices = [a for a in get_args(kind) if a is not type(None)]  # [flexdemo]: Literal / int | "auto"
-    if raw in [str(c) for c in choices] or not choices or str in choices:
-        return raw if raw in [c for c in choices if isinstance(c, str)] or str in choices else _literal(raw)
-    return _literal(raw)
+    return _literal(raw)  # [flexdemo]'s Literal / int | "auto" keys: check_section checks the value
 
 
 def _literal(raw: str) -> Any:
+    """A TOML value (5, 0.5, true), else the string itself ("auto", "bf16")."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -237,7 +234,3 @@ def _assets(path: str, dataset: str, dataset_path: str) -> str:
         raise FlexDemoConfigError(f"[model] hf_assets_path {path!r} holds no tokenizer, which dataset {dataset!r} needs")
     corpus = SPLITS.get(dataset.lower(), ("stdlib", None))[0]
     return ensure_assets(dataset_path or None, corpus=corpus) if dataset_path else ensure_assets(corpus=corpus)
-
-
-def is_toml(path: str) -> bool:
-    return os.path.splitext(path)[1] == ".toml"
