@@ -117,7 +117,7 @@ def test_unknown_flexdemo_key_in_toml(tmp_path, assets):
     bad = tmp_path / "bad.toml"
     bad.write_text(DEMO.read_text().replace("[flexdemo]\n", "[flexdemo]\ntop_k = 8\n"))
     run = launch(bad, tmp_path / "dump", assets=assets, timeout=120)
-    _check_fails(run, "Invalid field names in <class 'flexdemo.titan.config.FlexDemo'> data: {'top_k'}")
+    _check_fails(run, "Invalid field names in <class 'flexdemo.section.FlexDemo'> data: {'top_k'}")
 
 
 def _torchrun(*args):
