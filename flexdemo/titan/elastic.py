@@ -63,7 +63,11 @@ def data_shard(job_config, dp_world_size: int, dp_rank: int) -> tuple[int, int]:
     if not enabled(job_config):
         return dp_world_size, dp_rank
     ft = job_config.fault_tolerance
-    return dp_world_size * ft.group_size, dp_world_size * ft.replica_id + dp_rank
+    return shard_among_replicas(dp_world_size, dp_rank, ft.group_size, ft.replica_id)
+
+
+def shard_among_replicas(dp_world_size: int, dp_rank: int, group_size: int, replica_id: int) -> tuple[int, int]:
+    return dp_world_size * group_size, dp_world_size * replica_id + dp_rank
 
 
 def quorum_due(trainer) -> bool:
@@ -72,13 +76,16 @@ def quorum_due(trainer) -> bool:
     return trainer.optimizers.sync.at_cycle_start
 
 
-def attach(trainer) -> None:
-    """Let a rejoining replica heal from this one's state, and this one from a live peer's."""
-    container, states = trainer.optimizers, trainer.checkpointer.states
+def attach(trainer, states=None) -> None:
+    """Let a rejoining replica heal from this one's state, and this one from a live peer's. Either
+    torchtitan's trainer (0.2.2, 0.3.0): the optimizers container (flexdemo.titan.container), the
+    trainer's own ``state_dict`` (step, tokens seen) and ``states``, the checkpointer's (default)
+    or (0.3.0 with checkpoints off: it keeps none) the same MODEL and LR_SCHEDULER wrappers."""
+    container, states = trainer.optimizers, trainer.checkpointer.states if states is None else states
     group, sync = container.replicate_group, container.sync
     # the run's settings and install, and the very lists the start-up agreement compared
     settings = container.run_settings.items() + container.agreement_settings()
-    replica_id = trainer.job_config.fault_tolerance.replica_id
+    replica_id = container.replica  # an elastic replica's place is its fault_tolerance.replica_id
 
     def state_dict():
         # torchft serves these while this replica trains on: it copies device tensors to the host

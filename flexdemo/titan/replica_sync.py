@@ -171,7 +171,8 @@ class OuterCycle:
         """The last load once more: torchtitan 0.3.0 copies the model's saved tensors (replica 0's)
         into the parameters after the optimizers' load (a fused parameter's are fresh tensors),
         overwriting this replica's own local parameters (flexdemo.titan.v0_3.trainer)."""
-        loaded = getattr(self, "_loaded", None)
+        # Once: a later load of the model (an elastic replica healing from a live peer) is the peer's.
+        loaded, self._loaded = getattr(self, "_loaded", None), None
         if loaded is not None:
             self.outer.load_state_dict(loaded[0], *loaded[1])
 
