@@ -7,14 +7,18 @@ HuggingFaceTokenizer on flexdemo's asset dir (toml_config resolves an empty hf_a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch.distributed as dist
+import tyro
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.tools.logging import logger
 
 from flexdemo.data.assets import ensure_assets, load_corpus, read_manifest
 from flexdemo.data.dataset import SPLITS, StdlibTextDataset
 from flexdemo.section import FlexDemoConfigError
+
+from ..elastic import shard_among_replicas
 
 
 class FlexDataLoader(ParallelAwareDataloader):
@@ -27,9 +31,14 @@ class FlexDataLoader(ParallelAwareDataloader):
         seed: int = 0
         """Shuffle seed of the documents (0.2.2: ``[debug] seed``)."""
         infinite: bool = True
+        elastic: Annotated[tuple[int, int] | None, tyro.conf.Suppress] = None
+        """(group_size, replica_id) of an elastic replica ([fault_tolerance]; set by FlexTrainer, not
+        a setting): its ranks read their shard of every replica's data (flexdemo.titan.elastic)."""
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
                  local_batch_size: int, snapshot_every_n_steps: int | None = None, **_) -> None:
+        if config.elastic is not None:
+            dp_world_size, dp_rank = shard_among_replicas(dp_world_size, dp_rank, *config.elastic)
         name = config.dataset.lower()
         if name not in SPLITS:
             raise FlexDemoConfigError(f"dataset {config.dataset!r} is not one of flexdemo's ({sorted(SPLITS)}); "

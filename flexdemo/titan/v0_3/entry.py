@@ -12,6 +12,7 @@ import time
 import traceback
 
 from flexdemo.compression.agreement import ReplicaSettingsMismatch
+from flexdemo.elastic.group import ElasticJoinError
 from flexdemo.section import FlexDemoConfigError
 
 from . import cpu_shim
@@ -59,9 +60,15 @@ def run(argv: list[str] | None = None) -> None:
         config = parse(argv)
         trainer = config.build()
         trainer.train()
-    except (FlexDemoConfigError, ReplicaSettingsMismatch) as e:
+    except (FlexDemoConfigError, ReplicaSettingsMismatch, ElasticJoinError) as e:
+        group_up = trainer is not None or torch.distributed.is_initialized()
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if group_up and error_file and os.path.exists(error_file):
+            # torchtitan's Trainer.__init__/train are wrapped in torch elastic's @record, which has
+            # written this rank's traceback for torchrun's summary: the one line below says it instead.
+            os.remove(error_file)
         say_config_error(str(e))
-        if trainer is not None or torch.distributed.is_initialized():
+        if group_up:
             cpu_shim.exit_without_teardown(CONFIG_ERROR_EXIT) if cpu_shim.active() else os._exit(CONFIG_ERROR_EXIT)
         sys.exit(CONFIG_ERROR_EXIT)
     except Exception:

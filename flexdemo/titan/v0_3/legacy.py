@@ -14,7 +14,7 @@ def legacy_view(config) -> SimpleNamespace:
         parallelism=config.parallelism,
         training=SimpleNamespace(dataset=getattr(dataloader, "dataset", ""),
                                  dataset_path=getattr(dataloader, "dataset_path", "")),
-        fault_tolerance=SimpleNamespace(enable=False, replica_id=0),  # elastic: not on 0.3.0 yet
+        fault_tolerance=config.fault_tolerance,  # torchft's TorchFTManager.Config: 0.2.2's key names
         optimizer=SimpleNamespace(lr=_lr(config.optimizer), early_step_in_backward=False),
         validation=SimpleNamespace(enable=config.validator.enable,
                                    dataset=getattr(getattr(config.validator, "dataloader", None), "dataset", "")),

@@ -32,6 +32,7 @@ from flexdemo.modes import EVERY_MODE_KEYS, mode_of
 from flexdemo.replica_group import replica_group
 from flexdemo.section import FlexDemoConfigError
 
+from .. import elastic
 from .. import replicas as rep
 from ..checkpoint import format_key, plan_resume
 from ..container import FlexContainer
@@ -91,6 +92,9 @@ class FlexOptimizersContainer(FlexContainer, _StateWithoutStep):
         section, spec = settings.section, settings.mode
         process_group = rep.replicate_group(pd)
         group = None if process_group is None else replica_group(process_group)
+        replica_index = None
+        if elastic.enabled(cfg):  # torchft's group over the replicas' jobs (flexdemo.titan.elastic)
+            group, replica_index = elastic.elastic_group(cfg), cfg.fault_tolerance.replica_id
         replicas, shards = pd.dp_replicate, pd.dp_shard * pd.cp
         if group is not None:  # every setting at once, before the optimizers compare their own
             settings.agree(group, local_tensor(next(model_parts[0].parameters())).device)
@@ -108,7 +112,7 @@ class FlexOptimizersContainer(FlexContainer, _StateWithoutStep):
             per_replica_state=built.per_replica_state, run_settings=settings, outer=built.outer,
             format_key=format_key(settings.checkpoint_tag, replicas, shards),
             resume=plan_resume(legacy_view(cfg), settings, replicas, shards, FlexDemoConfigError),
-            job_replicas=replicas, **built.container_kwargs)
+            job_replicas=replicas, replica_index=replica_index, **built.container_kwargs)
         ignored = [f"flexdemo.{k}" for k in ignored_flexdemo_keys(section)]
         if ignored:
             logger.warning(f"flexdemo: mode={section.mode} does not use {', '.join(ignored)} (set in the config; ignored)")

@@ -26,6 +26,10 @@ SHARED = (
                                 c.lr_scheduler.decay_type, c.lr_scheduler.min_lr_factor)),
     ("parallelism", lambda c: (c.parallelism.data_parallel_shard_degree, c.parallelism.tensor_parallel_degree,
                                c.parallelism.context_parallel_degree)),
+    # elastic replicas (0.3.0's TorchFTManager.Config, 0.2.2's names); replica_id is each one's own
+    ("fault_tolerance.group_size", lambda c: c.fault_tolerance.group_size),
+    ("fault_tolerance.min_replica_size", lambda c: c.fault_tolerance.min_replica_size),
+    ("fault_tolerance.process_group", lambda c: c.fault_tolerance.process_group),
 )
 
 

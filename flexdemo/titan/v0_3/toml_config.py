@@ -24,6 +24,7 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.components.validate import Validator
 from torchtitan.config import CommConfig, DebugConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.experiments.torchft import TorchFTManager
 from torchtitan.models.common.config_utils import decoder_vocab_size
 
 from flexdemo.data.assets import ensure_assets
@@ -52,8 +53,12 @@ SAME = {
     "checkpoint": {"enable": bool, "folder": str, "interval": int, "keep_latest_k": int, "load_step": int,
                    "initial_load_path": str, "initial_load_model_only": bool, "last_save_model_only": bool,
                    "exclude_from_loading": list},
-    "metrics": {"log_freq": int, "enable_tensorboard": bool, "save_tb_folder": str, "enable_wandb": bool},
+    "metrics": {"log_freq": int, "enable_tensorboard": bool, "save_tb_folder": str, "enable_wandb": bool,
+                "disable_color_printing": bool},
     "comm": {"init_timeout_seconds": int, "train_timeout_seconds": int},
+    # elastic replicas (flexdemo.titan.elastic): 0.3.0's TorchFTManager.Config has 0.2.2's keys
+    "fault_tolerance": {"enable": bool, "replica_id": int, "group_size": int, "min_replica_size": int,
+                        "process_group": str, "process_group_timeout_ms": int, "semi_sync_method": str},
 }
 # Renamed or moved (see build()).
 MOVED = {
@@ -195,6 +200,7 @@ def build(t: dict[str, dict[str, Any]]) -> FlexTrainer.Config:
         comm=CommConfig(**t.get("comm", {})),
         debug=DebugConfig(seed=seed),
         flexdemo=FlexDemo(**t.get("flexdemo", {})),
+        fault_tolerance=TorchFTManager.Config(**t.get("fault_tolerance", {})),
     )
     if val:
         cfg.validator = _validator(val, cfg.training)
