@@ -12,4 +12,6 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q "torch==2.13.0"
   fi
 fi
-"$PY" -m pip install -q -e ".[test,ft]"
+# torchtitan 0.2.2 here: the GPU machines' version, under the whole test suite (0.3.0 in a venv
+# of its own: scripts/setup_torchtitan_0_3.sh).
+"$PY" -m pip install -q -e ".[test,ft]" "torchtitan==${TORCHTITAN_VERSION:-0.2.2}"

@@ -12,6 +12,17 @@ os.environ.setdefault("FLEXDEMO_CACHE", tempfile.mkdtemp(prefix="flexdemo-test-c
 import pytest  # noqa: E402
 
 
+def pytest_sessionstart(session):
+    """``FLEXDEMO_TORCHTITAN=0.3`` (scripts/run_tests.sh's run on torchtitan 0.3.0): stop at once
+    when another version is installed, rather than let that version's tests skip unseen."""
+    import importlib.metadata
+
+    wanted = os.environ.get("FLEXDEMO_TORCHTITAN")
+    installed = importlib.metadata.version("torchtitan")
+    if wanted and not installed.startswith(wanted):
+        raise pytest.UsageError(f"FLEXDEMO_TORCHTITAN={wanted} but torchtitan {installed} is installed")
+
+
 @pytest.fixture(scope="session")
 def assets():
     """The embedded corpus + tokenizer (in the session's cache), built once for every test
