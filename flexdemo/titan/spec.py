@@ -4,7 +4,8 @@ each validation (flexdemo.titan.metrics.SameBatchesValidator); model, loss, LR s
 pipelining and state-dict adapter are the family's own. ``register_specs`` registers them under
 the names a config's ``[model] name`` takes (flexdemo.titan.register, the ``custom_import``).
 
-The extra model flavors are sized for flexdemo's offline corpus (2048-token BPE vocab). The stock
+The extra model flavors (flexdemo.titan.flavors, shared with the 0.3.0 adapter) are sized for
+flexdemo's offline corpus (2048-token BPE vocab). The stock
 flavors stay available (e.g. llama3 "debugmodel", "8B"); a stock flavor with a larger vocab also
 works with the small tokenizer (unused embedding rows).
 """
@@ -15,6 +16,7 @@ from torchtitan.models.llama3 import TransformerModelArgs, llama3_args
 from torchtitan.models.qwen3 import qwen3_args
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
+from . import flavors
 from .data import build_dataloader, build_tokenizer
 from .metrics import build_flexdemo_metrics_processor, wrap_validator_builder
 from .optimizer import build_flexdemo_optimizers
@@ -28,27 +30,12 @@ FAMILIES = {
 }
 
 LLAMA3_EXTRA = {
-    # debugmodel with 2 of its 6 layers: the CPU configs' model (every kind of parameter, a step
-    # in under half the time on 2 cores, and the same fall of the loss over 20 steps).
-    "debugmodel_2layer": dataclasses.replace(llama3_args["debugmodel"], n_layers=2),
-    # ~77M params: a quick GPU model whose dims are multiples of 64 (whole DCT blocks).
-    "small": TransformerModelArgs(
-        dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=2048,
-        multiple_of=256, rope_theta=500000,
-    ),
-    # Llama-3.2-1B shape (dim 2048, 16 layers, GQA 32/8, ffn 8192) with a 2048 vocab: ~0.98B.
-    "1B": TransformerModelArgs(
-        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=2048,
-        ffn_dim_multiplier=1.5, multiple_of=256, rope_theta=500000,
-    ),
+    name: dataclasses.replace(llama3_args[stock], **args) if stock else TransformerModelArgs(**args)
+    for name, (stock, args) in flavors.LLAMA3.items()
 }
-
-# qwen3's stock small flavors tie tok_embeddings and output weights, which torchtitan
-# 0.2.2's FSDP wrapping (separate fully_shard groups) rejects under torch 2.13, in
-# stock HSDP as well.  Untied copies train with either mode.
 QWEN3_EXTRA = {
     f"{name}_untied": dataclasses.replace(qwen3_args[name], enable_weight_tying=False)
-    for name in ("debugmodel", "0.6B", "1.7B")
+    for name in flavors.QWEN3_UNTIED
 }
 
 EXTRA_FLAVORS = {"llama3": LLAMA3_EXTRA, "qwen3": QWEN3_EXTRA}
