@@ -71,7 +71,8 @@ def test_every_cpu_2x2_config_reads(name):
     ("[training]\nsteps = 3\n", ["--training.bar", "1"], "[training] bar is not supported"),
     ("[training]\nsteps = 3\n", ["--checkpoint.enable", "maybe"], "expected true or false"),
     ("[model]\nflavor = \"nosuch\"\n", [], "model.flavor 'nosuch'"),
-    ("[validation]\nenable = true\nseq_len = 64\n", [], "validates with the training's"),
+    ("[validation]\nenable = true\nseq_len = 64\n[parallelism]\npipeline_parallel_degree = 2\n", [],
+     "with pipeline parallelism torchtitan 0.3.0 validates with the training's"),
 ])
 def test_reader_refuses_with_one_line(tmp_path, toml, overrides, says):
     from flexdemo.section import FlexDemoConfigError

@@ -2,7 +2,12 @@
 trainer builds ``config.dataloader`` (0.2.2: TrainSpec.build_dataloader_fn), so the Config put
 there names this class. The dataset is 0.2.2's StdlibTextDataset, read the same way (same
 documents, same seed: ``[debug] seed``, as 0.2.2 seeds it). The tokenizer is torchtitan's
-HuggingFaceTokenizer on flexdemo's asset dir (toml_config resolves an empty hf_assets_path)."""
+HuggingFaceTokenizer on flexdemo's asset dir (toml_config resolves an empty hf_assets_path).
+
+Any other dataset (c4, ...) is torchtitan's, as on 0.2.2 (its build_text_dataloader):
+:class:`TextDataLoader`, 0.3.0's HuggingFaceTextDataLoader without the per-document ``positions``
+0.3.0 adds to each batch -- 0.2.2's text batches have none (RoPE counts from the window's start,
+attention causal over the window), and flexdemo's model attends with causal SDPA on both."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Annotated
 import torch.distributed as dist
 import tyro
 from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.tools.logging import logger
 
 from flexdemo.data.assets import ensure_assets, load_corpus, read_manifest
@@ -57,3 +63,21 @@ class FlexDataLoader(ParallelAwareDataloader):
                                     seed=config.seed, name=name)
         super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size,
                          num_workers=config.num_workers, pin_memory=config.pin_memory)
+
+
+class TextDataLoader(HuggingFaceTextDataLoader):
+    @dataclass(kw_only=True, slots=True)
+    class Config(HuggingFaceTextDataLoader.Config):
+        seq_len: int = 0
+        """The validator's sequence length when it differs from the training's (0: the training's)."""
+        local_batch_size: int = 0
+        """The validator's local batch size when it differs from the training's (0: the training's)."""
+
+    def __init__(self, config: Config, *, seq_len: int, local_batch_size: int, **kwargs) -> None:
+        super().__init__(config, seq_len=config.seq_len or seq_len,
+                         local_batch_size=config.local_batch_size or local_batch_size, **kwargs)
+
+    def __iter__(self):
+        for input_dict, labels in super().__iter__():
+            input_dict.pop("positions", None)  # as 0.2.2's batches: positions 0..seq_len-1
+            yield input_dict, labels

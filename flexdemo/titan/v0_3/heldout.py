@@ -1,8 +1,10 @@
 """The validator's loader for flexdemo's held-out splits on torchtitan 0.3.0 (0.2.2:
 flexdemo.titan.heldout): the fixed windows of flexdemo.data.heldout, so every layout and seed
 scores the same tokens. 0.3.0's Validator builds its loader afresh at every validation, so each
-one reads the same windows (what 0.2.2's ``validation_same_batches`` rewinds for); it passes the
-training's seq_len and local batch size."""
+one reads the same windows (what 0.2.2's ``validation_same_batches`` rewinds for). 0.3.0's
+Validator passes the training's seq_len and local batch size; ``[validation] seq_len /
+local_batch_size`` (0.2.2's keys) are this Config's own, used instead where set (without pipeline
+parallelism the Validator uses them for nothing but its loader)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,14 @@ class HeldOutLoader(ParallelAwareDataloader):
         steps: int = -1
         """Batches per rank and validation (-1: the whole set), as [validation] steps."""
         infinite: bool = False  # set by torchtitan's Validator; the windows are read once either way
+        seq_len: int = 0
+        """Validation's sequence length when it differs from the training's (0: the training's)."""
+        local_batch_size: int = 0
+        """Validation's local batch size when it differs from the training's (0: the training's)."""
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
                  local_batch_size: int, **_) -> None:
+        seq_len, local_batch_size = config.seq_len or seq_len, config.local_batch_size or local_batch_size
         name = config.dataset.lower()
         corpus, split = SPLITS[name]
         documents = load_corpus(ensure_assets(config.dataset_path or None, corpus=corpus))[split]

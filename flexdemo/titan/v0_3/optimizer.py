@@ -113,7 +113,7 @@ class FlexOptimizersContainer(FlexContainer, _StateWithoutStep):
             format_key=format_key(settings.checkpoint_tag, replicas, shards),
             resume=plan_resume(legacy_view(cfg), settings, replicas, shards, FlexDemoConfigError),
             job_replicas=replicas, replica_index=replica_index, **built.container_kwargs)
-        ignored = [f"flexdemo.{k}" for k in ignored_flexdemo_keys(section)]
+        ignored = ignored_keys(section, config)
         if ignored:
             logger.warning(f"flexdemo: mode={section.mode} does not use {', '.join(ignored)} (set in the config; ignored)")
 
@@ -135,8 +135,28 @@ def inner_optimizer(config) -> tuple[str, dict[str, Any]]:
     return group.optimizer_name, {**group.optimizer_kwargs, **OptimizersContainer._build_impl_kwargs(config)}
 
 
-def ignored_flexdemo_keys(section) -> list[str]:
+# 0.2.2's [optimizer] defaults (its keys) and where 0.3.0's one param group holds them.
+OPTIMIZER_KEYS = {
+    "name": ("AdamW", lambda g, c: g.optimizer_name),
+    "beta1": (0.9, lambda g, c: tuple(g.optimizer_kwargs.get("betas", (0.9, 0.95)))[0]),
+    "beta2": (0.95, lambda g, c: tuple(g.optimizer_kwargs.get("betas", (0.9, 0.95)))[1]),
+    "eps": (1e-8, lambda g, c: g.optimizer_kwargs.get("eps", 1e-8)),
+    "weight_decay": (0.1, lambda g, c: g.optimizer_kwargs.get("weight_decay", 0.1)),
+    "implementation": ("fused", lambda g, c: c.implementation),
+}
+
+
+def ignored_keys(section, optimizer_config=None) -> list[str]:
+    """``section.key`` (0.2.2's names) of every key set to a non-default value that the mode does not
+    read, as 0.2.2's flexdemo.titan.optimizer.ignored_keys: [flexdemo] keys, and the [optimizer] keys
+    DeMo does not read (everything but lr)."""
     from dataclasses import fields
 
-    used = {*EVERY_MODE_KEYS, *mode_of(section).reads}
-    return [f.name for f in fields(section) if f.name not in used and getattr(section, f.name) != f.default]
+    spec = mode_of(section)
+    used = {*EVERY_MODE_KEYS, *spec.reads}
+    out = [f"flexdemo.{f.name}" for f in fields(section) if f.name not in used and getattr(section, f.name) != f.default]
+    groups = getattr(optimizer_config, "param_groups", None) or []
+    if groups:
+        out += [f"optimizer.{k}" for k in spec.ignores_optimizer_keys
+                if k in OPTIMIZER_KEYS and OPTIMIZER_KEYS[k][1](groups[0], optimizer_config) != OPTIMIZER_KEYS[k][0]]
+    return out

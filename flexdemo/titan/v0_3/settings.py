@@ -45,4 +45,9 @@ def validate(config, world_size: int | None) -> None:
     if config.parallelism.spmd_backend != "partial_dtensor":
         fail(f"parallelism.spmd_backend={config.parallelism.spmd_backend!r}: flexdemo needs \"partial_dtensor\" "
              "(FSDP on the fsdp sub-mesh of a replica; the other backends run on torch >= 2.14 only)")
+    from flexdemo.data.tokenizer import has_tokenizer
+
+    if config.hf_assets_path and not has_tokenizer(config.hf_assets_path):
+        fail(f"[model] hf_assets_path {config.hf_assets_path!r} holds no tokenizer, which dataset "
+             f"{getattr(config.dataloader, 'dataset', '?')!r} needs")
     validate_job_config(legacy_view(config), world_size)

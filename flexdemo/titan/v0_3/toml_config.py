@@ -32,7 +32,7 @@ from flexdemo.data.dataset import SPLITS
 from flexdemo.data.tokenizer import has_tokenizer
 from flexdemo.section import FlexDemo, FlexDemoConfigError
 
-from .data import FlexDataLoader
+from .data import FlexDataLoader, TextDataLoader
 from .heldout import HeldOutLoader
 from .metrics import FlexMetricsProcessor
 from .model import model_spec
@@ -192,8 +192,7 @@ def build(t: dict[str, dict[str, Any]]) -> FlexTrainer.Config:
                                 disable_cuda_graphs=True),
         # partial_dtensor: meshes named as 0.2.2's (dp_replicate, fsdp); FSDP on the fsdp sub-mesh works.
         parallelism=ParallelismConfig(**{"spmd_backend": "partial_dtensor", **t.get("parallelism", {})}),
-        dataloader=FlexDataLoader.Config(dataset=dataset, dataset_path=training.get("dataset_path", ""),
-                                         seed=seed or 0),  # 0.2.2 seeds flexdemo's data with [debug] seed
+        dataloader=_dataloader(dataset, training.get("dataset_path", ""), seed),
         activation_checkpoint=_activation_checkpoint(t.get("activation_checkpoint", {}).get("mode", "selective")),
         checkpoint=CheckpointManager.Config(**t.get("checkpoint", {})),
         metrics=FlexMetricsProcessor.Config(**t.get("metrics", {})),
@@ -203,25 +202,37 @@ def build(t: dict[str, dict[str, Any]]) -> FlexTrainer.Config:
         fault_tolerance=TorchFTManager.Config(**t.get("fault_tolerance", {})),
     )
     if val:
-        cfg.validator = _validator(val, cfg.training)
+        cfg.validator = _validator(val, cfg.training, t.get("parallelism", {}))
     return cfg
 
 
-def _validator(val: dict[str, Any], training) -> Validator.Config:
-    """[validation] -> 0.3.0's validator, over flexdemo's held-out windows (heldout.py). Its batch
-    and sequence are the training's in 0.3.0: other values are refused, not ignored."""
-    for key in ("local_batch_size", "seq_len"):
-        if key in val and val[key] != getattr(training, key):
-            raise FlexDemoConfigError(f"[validation] {key} = {val[key]}: torchtitan 0.3.0 validates with the "
-                                      f"training's ({getattr(training, key)}); remove the key or make them equal")
+def _dataloader(dataset: str, dataset_path: str, seed: int | None):
+    """flexdemo's corpus for its datasets (seeded with [debug] seed, as 0.2.2 seeds it), torchtitan's
+    HF text loader for any other (as 0.2.2's build_dataloader)."""
+    if dataset.lower() in SPLITS:
+        return FlexDataLoader.Config(dataset=dataset, dataset_path=dataset_path, seed=seed or 0)
+    return TextDataLoader.Config(dataset=dataset, dataset_path=dataset_path or None)
+
+
+def _validator(val: dict[str, Any], training, parallelism: dict[str, Any]) -> Validator.Config:
+    """[validation] -> 0.3.0's validator: flexdemo's held-out windows (heldout.py) or torchtitan's HF
+    text loader. 0.3.0's Validator hands its loader the training's batch and sequence; 0.2.2's
+    [validation] local_batch_size / seq_len go to the loader's Config instead (what 0.2.2 does with
+    them; with pipeline parallelism the Validator also counts microbatches by the training's batch:
+    other values refused there)."""
+    own = {key: val[key] for key in ("local_batch_size", "seq_len") if key in val and val[key] != getattr(training, key)}
+    if own and parallelism.get("pipeline_parallel_degree", 1) > 1:
+        key = next(iter(own))
+        raise FlexDemoConfigError(f"[validation] {key} = {own[key]}: with pipeline parallelism torchtitan 0.3.0 "
+                                  f"validates with the training's ({getattr(training, key)}); remove the key or "
+                                  "make them equal")
     dataset = val.get("dataset", "flexdemo_stdlib_validation")
-    if dataset.lower() not in SPLITS:
-        raise FlexDemoConfigError(f"[validation] dataset {dataset!r}: on torchtitan 0.3.0 flexdemo validates on "
-                                  f"its held-out splits only ({sorted(k for k in SPLITS if 'validation' in k)})")
     steps = val.get("steps", -1)
-    return Validator.Config(enable=val.get("enable", False), freq=val.get("freq", 10), steps=steps,
-                            dataloader=HeldOutLoader.Config(dataset=dataset, dataset_path=val.get("dataset_path", ""),
-                                                            steps=steps))
+    if dataset.lower() in SPLITS:
+        loader = HeldOutLoader.Config(dataset=dataset, dataset_path=val.get("dataset_path", ""), steps=steps, **own)
+    else:
+        loader = TextDataLoader.Config(dataset=dataset, dataset_path=val.get("dataset_path") or None, **own)
+    return Validator.Config(enable=val.get("enable", False), freq=val.get("freq", 10), steps=steps, dataloader=loader)
 
 
 def _activation_checkpoint(mode: str):
@@ -234,9 +245,7 @@ def _activation_checkpoint(mode: str):
 def _assets(path: str, dataset: str, dataset_path: str) -> str:
     """hf_assets_path: the config's where it holds a tokenizer, else flexdemo's embedded one (as
     0.2.2's flexdemo.titan.data.embedded_tokenizer_dir: built on first use)."""
-    if path and has_tokenizer(path):
-        return path
-    if path and dataset.lower() not in SPLITS:
-        raise FlexDemoConfigError(f"[model] hf_assets_path {path!r} holds no tokenizer, which dataset {dataset!r} needs")
+    if path and (has_tokenizer(path) or dataset.lower() not in SPLITS):
+        return path  # a tokenizer it lacks is refused by settings.validate (at launch, not when read)
     corpus = SPLITS.get(dataset.lower(), ("stdlib", None))[0]
     return ensure_assets(dataset_path or None, corpus=corpus) if dataset_path else ensure_assets(corpus=corpus)
