@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,11 +86,47 @@ def test_reader_refuses_with_one_line(tmp_path, toml, overrides, says):
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
-def test_elastic_config_is_refused_not_ignored():
+@pytest.mark.parametrize("overrides, says", [
+    ([], None),
+    (["--fault_tolerance.semi_sync_method", "diloco"], "torchtitan's own DiLoCo"),
+    (["--parallelism.data_parallel_replicate_degree", "2"], "data_parallel_replicate_degree must be 1"),
+    (["--fault_tolerance.replica_id", "3"], "0 <= replica_id < group_size"),
+])
+def test_elastic_config_reads_into_torchft_config_and_is_checked(monkeypatch, overrides, says):
     from flexdemo.section import FlexDemoConfigError
+    from flexdemo.titan.v0_3.settings import validate
 
-    with pytest.raises(FlexDemoConfigError, match=r"\[fault_tolerance\] .* is not supported"):
-        read("cpu_elastic_demo")
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "x")
+    c = read("cpu_elastic_demo", "--fault_tolerance.replica_id", "2", *overrides)
+    if says is None:
+        ft = c.fault_tolerance
+        assert type(ft).__qualname__ == "TorchFTManager.Config"
+        assert (ft.enable, ft.replica_id, ft.group_size, ft.min_replica_size) == (True, 2, 3, 2)
+        validate(c, 1)
+        from torchtitan.config import ConfigManager  # the same through torchtitan's --module/--config
+
+        c = ConfigManager().parse_args(["--module", "flexdemo.titan.v0_3", "--config", "cpu_elastic_demo",
+                                        "--fault_tolerance.replica_id", "1"])
+        assert (c.fault_tolerance.enable, c.fault_tolerance.replica_id) == (True, 1)
+        return
+    with pytest.raises(FlexDemoConfigError, match=re.escape(says)):
+        validate(c, None)
+
+
+def test_a_replica_is_refused_at_join_naming_the_setting_it_does_not_share():
+    from flexdemo.elastic.group import ElasticJoinError
+    from flexdemo.titan.elastic import refuse_if_different
+    from flexdemo.titan.v0_3.settings import run_settings
+
+    quorum = run_settings(read("cpu_elastic_demo")).items()
+    names = [k for k, _ in quorum]
+    assert "flexdemo.topk" in names and "fault_tolerance.group_size" in names  # 0.2.2's names
+    assert not any("replica_id" in k or "dump_folder" in k for k in names)  # each replica's own
+    refuse_if_different(run_settings(read("cpu_elastic_demo", "--fault_tolerance.replica_id", "2")).items(), quorum, 2)
+    for flag, value, theirs in (("--flexdemo.topk", "16", "32"), ("--fault_tolerance.group_size", "4", "3")):
+        with pytest.raises(ElasticJoinError, match=rf"replica 2 refused at join: its {flag[2:]} is {value}, the "
+                                                   rf"quorum's is {theirs}"):
+            refuse_if_different(run_settings(read("cpu_elastic_demo", flag, value)).items(), quorum, 2)
 
 
 def test_module_config_through_torchtitans_config_manager():
@@ -131,3 +168,66 @@ def test_resume_equals_uninterrupted(tmp_path, mode):
     resumed, _, out = launch(MODES[mode], tmp_path, *ck, "--checkpoint.load_step", "3")
     assert sorted(resumed) == [4, 5, 6, 7], out[-3000:]
     assert all(resumed[s] == whole[s] for s in resumed), (whole, resumed)
+
+
+# -- elastic replicas on torchft (flexdemo.titan.elastic, as on 0.2.2: tests/test_titan_elastic.py) --------
+
+@pytest.mark.timeout(200)
+def test_a_joining_replica_with_other_settings_is_refused_and_says_which(tmp_path):
+    pytest.importorskip("torchft")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from ports import free_port
+
+    port = free_port()
+    lighthouse = subprocess.Popen(["bash", str(REPO / "scripts" / "lighthouse.sh"), str(port), "2"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           "TORCHFT_LIGHTHOUSE": f"http://localhost:{port}"}
+    procs = []
+    try:
+        for replica, extra in ((0, []), (1, ["--flexdemo.topk", "16"])):
+            cmd = [sys.executable, "-m", "flexdemo.titan.launch", "--", str(CONFIGS / "cpu_elastic_demo.toml"),
+                   "--fault_tolerance.replica_id", str(replica), "--checkpoint.no_enable",
+                   "--job.dump_folder", str(tmp_path / f"r{replica}"), *extra]
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env={**env, "MASTER_PORT": str(free_port())},
+                                          stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"r{replica}.err", "w"),
+                                          start_new_session=True))
+        # At step 0 one of the two heals from the other (torchft's init_sync) and compares.
+        end = time.time() + 150
+        while time.time() < end and all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        refused = [r for r, p in enumerate(procs) if p.poll() is not None]
+    finally:
+        for p in [*procs, lighthouse]:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    assert len(refused) == 1, "neither replica was refused in time"
+    err = (tmp_path / f"r{refused[0]}.err").read_text()
+    lines = [x for x in err.splitlines() if "refused at join" in x]
+    assert procs[refused[0]].returncode != 0 and len(lines) == 1, err[-3000:]
+    theirs, ours = ("32", "16") if refused[0] == 1 else ("16", "32")
+    assert f"elastic replica {refused[0]} refused at join: its flexdemo.topk is {ours}, the quorum's is {theirs}" \
+        in lines[0]
+
+
+@pytest.mark.timeout(1500)
+def test_elastic_demo_survives_a_killed_replica_and_heals_it_bitwise(tmp_path):
+    # scripts/elastic_demo.sh on this Python (its replicas through scripts/launch.sh): three CPU replicas,
+    # replica 2 killed and restarted from its checkpoint folder, in the per-step mode and in demo_diloco.
+    pytest.importorskip("torchft")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(["bash", str(REPO / "scripts" / "elastic_demo.sh"), "--out", str(tmp_path), "--steps", "100",
+                        "--restart-at", "17", "--timeout", "400", "--no-baseline"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=1450)
+    lines = r.stdout.strip().splitlines()[-2:]
+    for mode, line in zip(("demo", "demo_diloco"), lines):
+        m = re.fullmatch(rf"elastic {mode}: survivors took (\d+) steps during the outage; rejoined replica bitwise "
+                         r"equal: (yes|no); final loss ([\d.]+) \(uninterrupted not run\)", line)
+        assert m, (line, r.stdout[-2000:], r.stderr[-2000:])
+        assert m.group(2) == "yes" and int(m.group(1)) >= 5, line
+        # the restarted replica loaded its own checkpoint, then took the live peers' later state
+        m = re.search(rf"elastic {mode}: replica 2 restarted, loaded its checkpoint of step (\d+), healed from a "
+                      r"live peer at step (\d+)", r.stderr)
+        assert m and int(m.group(2)) > int(m.group(1)) >= 10, r.stderr[-2000:]
+    assert r.returncode == 0 and len(lines) == 2, r.stdout[-2000:]

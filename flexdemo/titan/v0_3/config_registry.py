@@ -38,3 +38,8 @@ def cpu_2x2_diloco():
 
 def cpu_2x2_demo_diloco():
     return _from_toml("cpu_2x2_demo_diloco")
+
+
+def cpu_elastic_demo():
+    """One elastic replica (torchft): ``--fault_tolerance.replica_id I`` per job, $TORCHFT_LIGHTHOUSE set."""
+    return _from_toml("cpu_elastic_demo")
