@@ -20,7 +20,7 @@ TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" tests/te
 # elastic kill-and-heal). FLEXDEMO_TORCHTITAN makes a wrong version stop the run, not skip it.
 if PY03=$(PYTHON="$PY" bash scripts/setup_torchtitan_0_3.sh); then
   FLEXDEMO_TORCHTITAN=0.3 "$PY03" -m pytest -q -p no:cacheprovider "${XDIST[@]}" --durations=10 \
-    tests/test_torchtitan_0_3.py || status=1
+    tests/test_torchtitan_0_3.py tests/test_torchtitan_0_3_configs.py || status=1
 else
   status=1
 fi
