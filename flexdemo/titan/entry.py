@@ -79,22 +79,7 @@ def check_memory(job_config, world_size: int | None) -> None:
     """``[flexdemo] memory_check``: the estimate's line (once per job: the pre-flight, or rank 0),
     then a warning or (``"refuse"``) a FlexDemoConfigError when it is over the limit. Runs before
     any process group exists."""
-    check = job_config.flexdemo.memory_check
-    if check == "off":
-        return
-    total, name = memory.visible_device()
-    try:
-        estimate = memory.estimate_memory(job_config, world_size, total, name)
-    except Exception as e:  # a model the estimator cannot read must not stop a launch, unless asked to
-        if check == "refuse":
-            raise FlexDemoConfigError(
-                f"[flexdemo] config error: memory_check = \"refuse\" but no estimate: {type(e).__name__}: {e}")
-        _say(f"flexdemo: memory per GPU not estimated ({type(e).__name__}: {e})")
-        return
-    _say(estimate.line())
-    warning = memory.check_fit(estimate, check)  # raises with "refuse"
-    if warning:
-        _say(warning)
+    memory.check(job_config, world_size, _say)
 
 
 def _say(line: str) -> None:

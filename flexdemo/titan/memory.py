@@ -21,7 +21,7 @@ from torchtitan.config import TORCH_DTYPE_MAP
 
 from flexdemo.modes import PARAM_BYTES, StateBytes, mode_of
 
-from .config import FlexDemoConfigError
+from flexdemo.section import FlexDemoConfigError
 
 GIB = 1024**3
 # Warn (or refuse) above this share of the device: the estimate leaves out the CUDA context,
@@ -86,22 +86,28 @@ def build_meta_model(job_config):
 
 
 def model_shapes(model) -> ModelShapes:
-    """Shapes and the dims the activation estimate needs, read off a (meta) llama3/qwen3 model."""
+    """Shapes and the dims the activation estimate needs, read off a (meta) llama3/qwen3 model:
+    torchtitan 0.2.2's (``wq``/``wk``/``wv``, ``output``) or 0.3.0's (one fused ``wqkv``, whose
+    attention keeps ``n_heads``/``n_kv_heads``/``head_dim``; ``lm_head``)."""
     params = tuple((n, tuple(p.shape)) for n, p in model.named_parameters())
     block = next(iter(model.layers.values()))
     attn = block.attention
-    q_dim, kv_dim = attn.wq.weight.shape[0], attn.wk.weight.shape[0]
+    if hasattr(attn, "wq"):
+        q_dim, kv_dim = attn.wq.weight.shape[0], attn.wk.weight.shape[0]
+    else:
+        q_dim, kv_dim = attn.n_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim
     head_dim = q_dim // attn.n_heads
+    output = model.output if hasattr(model, "output") else model.lm_head
     if getattr(block, "feed_forward", None) is not None:
         ffn = block.feed_forward.w1.weight.shape[0]
     else:  # MoE (approximate): the routed experts a token visits, plus the shared ones
         margs = model.model_args
         ffn = margs.moe_inter_dim * (margs.moe_args.top_k + margs.moe_args.num_shared_experts)
-    head = [tuple(p.shape) for m in (model.norm, model.output) for p in m.parameters()]
+    head = [tuple(p.shape) for m in (model.norm, output) for p in m.parameters()]
     return ModelShapes(
         params=params, block=tuple(tuple(p.shape) for p in block.parameters()), head=tuple(head),
         n_layers=len(model.layers), dim=model.norm.weight.shape[0], q_dim=q_dim, kv_dim=kv_dim, ffn_dim=ffn,
-        n_heads=attn.n_heads, n_kv_heads=kv_dim // head_dim, vocab=model.output.weight.shape[0],
+        n_heads=attn.n_heads, n_kv_heads=kv_dim // head_dim, vocab=output.weight.shape[0],
         qk_norm=getattr(attn, "q_norm", None) is not None,
     )
 
@@ -336,3 +342,26 @@ def visible_device() -> tuple[int | None, str]:
     props = min((torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())),
                 key=lambda p: p.total_memory)
     return props.total_memory, props.name
+
+
+def check(job_config, world_size: int | None, say, shapes=None) -> None:
+    """``[flexdemo] memory_check``: the estimate's line (``say``), then a warning or (``"refuse"``) a
+    FlexDemoConfigError when it is over the limit (a 0.2.2 job config, or 0.3.0's seen through
+    0.2.2's names: flexdemo.titan.v0_3.memory; ``shapes``: a function giving its ModelShapes, where
+    the caller reads them; else from the 0.2.2 train spec)."""
+    memory_check = job_config.flexdemo.memory_check
+    if memory_check == "off":
+        return
+    total, name = visible_device()
+    try:
+        estimate = estimate_memory(job_config, world_size, total, name, shapes=shapes and shapes())
+    except Exception as e:  # a model the estimator cannot read must not stop a launch, unless asked to
+        if memory_check == "refuse":
+            raise FlexDemoConfigError(
+                f"[flexdemo] config error: memory_check = \"refuse\" but no estimate: {type(e).__name__}: {e}")
+        say(f"flexdemo: memory per GPU not estimated ({type(e).__name__}: {e})")
+        return
+    say(estimate.line())
+    warning = check_fit(estimate, memory_check)  # raises with "refuse"
+    if warning:
+        say(warning)
