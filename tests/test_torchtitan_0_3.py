@@ -1,6 +1,8 @@
 """flexdemo on torchtitan 0.3.0 (flexdemo.titan.v0_3): the TOML reader maps and refuses, the
 config_registry works through torchtitan's ConfigManager, every mode trains 2 x 2 on CPU through
-flexdemo's launcher with the replicas identical, and resume equals the uninterrupted run.
+flexdemo's launcher with the replicas identical, resume equals the uninterrupted run, a checkpoint
+resumes on another layout (replicas, shards, data-parallel world size), and the pre-flight prints
+the memory estimate per GPU.
 
 Skipped unless torchtitan 0.3.x is installed (the suite's main environment has 0.2.2), e.g.:
     PYTHONPATH=. /work/venv030/bin/python -m pytest tests/test_torchtitan_0_3.py
@@ -26,6 +28,7 @@ MODES = {"demo": "cpu_2x2_flexdemo", "off": "cpu_2x2_hsdp_adamw", "diloco": "cpu
          "demo_diloco": "cpu_2x2_demo_diloco"}
 STEP_RE = re.compile(r"step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([0-9.]+)")
 CHECK_RE = re.compile(r"replica check at step (\d+): 2 replicas identical")
+CHECKS_RE = re.compile(r"replica check at step (\d+): (\d+) replicas identical")
 
 
 def read(name, *overrides):
@@ -140,13 +143,13 @@ def test_module_config_through_torchtitans_config_manager():
 
 # -- end to end (4 gloo processes) -------------------------------------------------------------
 
-def launch(config, dump, *overrides, timeout=420):
+def launch(config, dump, *overrides, timeout=420, expect_rc=0):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "flexdemo.titan.launch", "--local-ranks-filter", "0", "--",
            str(CONFIGS / f"{config}.toml"), "--job.dump_folder", str(dump), *overrides]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-4000:]
+    assert p.returncode == expect_rc, out[-4000:]
     losses = {int(s): float(v) for s, v in STEP_RE.findall(out)}
     return losses, [int(s) for s in CHECK_RE.findall(out)], out
 
@@ -168,6 +171,133 @@ def test_resume_equals_uninterrupted(tmp_path, mode):
     resumed, _, out = launch(MODES[mode], tmp_path, *ck, "--checkpoint.load_step", "3")
     assert sorted(resumed) == [4, 5, 6, 7], out[-3000:]
     assert all(resumed[s] == whole[s] for s in resumed), (whole, resumed)
+
+
+# -- resume on another layout (as 0.2.2: tests/test_titan_checkpoints.py) ----------------------------
+
+LOCAL_BATCH, SEQ_LEN, SEED = 2, 128, 1234  # the CPU 2x2 configs' data
+
+
+def _layout(replicas, shards):
+    return ("--parallelism.data_parallel_replicate_degree", str(replicas),
+            "--parallelism.data_parallel_shard_degree", str(shards))
+
+
+def _data_states(step_dir):
+    """Each data-parallel rank's dataset state in a checkpoint, in rank order."""
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = step_dir.parent / f"{step_dir.name}.pt"
+    dcp_to_torch_save(str(step_dir), str(out))
+    saved = torch.load(out, weights_only=False)["dataloader"]
+    return [pickle.loads(saved[f"dp_rank_{r}"])["dataset_state"] for r in range(saved["world_size"])]
+
+
+def _replayed(states, world, steps, assets):
+    """The dataset states of ``world`` ranks after ``steps`` batches read from ``states`` resharded
+    onto them (flexdemo.data.resharding's rule), outside torchtitan."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    from flexdemo.data.assets import load_corpus
+    from flexdemo.data.dataset import StdlibTextDataset
+    from flexdemo.data.resharding import reshard_dataset_states
+
+    documents, tokenizer, out = load_corpus(assets)["train"], HuggingFaceTokenizer(tokenizer_path=assets), []
+    for rank in range(world):
+        ds = StdlibTextDataset(documents, tokenizer, seq_len=SEQ_LEN, dp_rank=rank, dp_world_size=world,
+                               infinite=True, seed=SEED)
+        ds.load_state_dict(reshard_dataset_states(states, len(documents), rank, world, SEED))
+        samples = iter(ds)
+        for _ in range(steps * LOCAL_BATCH):
+            next(samples)
+        out.append(ds.state_dict())
+    return out
+
+
+@pytest.mark.parametrize("mode", ["demo", "demo_diloco"])
+def test_resume_on_another_layout(tmp_path, mode):
+    # One dump folder: 2 x 2 to step 3 (mid-cycle in demo_diloco: outer step every 5), 4 x 1 to step 5
+    # (the same data-parallel world: per-replica state r <- r mod 2, DTensors resharded), 2 x 1 to
+    # step 10 (data-parallel world 4 -> 2: flexdemo's corpus position resharded); replicas identical
+    # at 5 and 10; then a dataset torchtitan cannot reshard refused in the pre-flight, one line.
+    ck = ("--checkpoint.enable", "true", "--checkpoint.last_save_model_only", "false",
+          "--flexdemo.replica_check_interval", "5")
+    first, _, _ = launch(MODES[mode], tmp_path, "--training.steps", "3", *ck, "--checkpoint.interval", "3",
+                         *_layout(2, 2))
+    assert sorted(first) == [1, 2, 3]
+    hops = ((4, 1, 5, "written by 2 replicas x 2 shards) on 4 x 1: replica 0 takes saved replica 0's own state"),
+            (2, 1, 10, "written by 4 replicas x 1 shards) on 2 x 1: replica 0 takes saved replica 0's own state"))
+    step = 3
+    for replicas, shards, last, said in hops:
+        losses, _, out = launch(MODES[mode], tmp_path, "--training.steps", str(last), *ck, "--checkpoint.interval",
+                                str(last - step), *_layout(replicas, shards))
+        assert sorted(losses) == list(range(step + 1, last + 1)), out[-3000:]
+        assert said in out, out[-3000:]
+        assert (str(last), str(replicas)) in CHECKS_RE.findall(out), out[-3000:]
+        step = last
+    assert "position saved by 4 data-parallel ranks resharded onto 2" in out, out[-3000:]
+    # the 2 ranks' position at step 10 = the 4 ranks' at step 5 resharded by the rule, read on 5 steps
+    from flexdemo.data.assets import ensure_assets
+
+    ck_dir = tmp_path / "checkpoint"
+    assert _data_states(ck_dir / "step-10") == _replayed(_data_states(ck_dir / "step-5"), 2, 5, ensure_assets())
+    _, _, out = launch(MODES[mode], tmp_path, "--training.steps", "12", *ck, "--training.dataset", "c4_test",
+                       *_layout(2, 2), expect_rc=2)
+    lines = [x for x in out.splitlines() if x.startswith("flexdemo: ")]
+    assert len(lines) == 1 and "holds the data position of 2 data-parallel ranks, this run has 4" in lines[0] \
+        and "cannot reshard it" in lines[0], out[-3000:]
+    assert not STEP_RE.search(out)
+
+
+# -- the pre-flight's memory estimate (flexdemo.titan.memory, as on 0.2.2) -------------------------------
+
+MEMORY_LINE = re.compile(r"^flexdemo: memory per GPU \(estimate\): params=([0-9.]+)GiB .* total=([0-9.]+)GiB.*$", re.M)
+
+
+def test_preflight_prints_the_memory_estimate(capsys):
+    from flexdemo.titan.v0_3 import launch_plan, memory
+    from flexdemo.titan.v0_3.toml_config import read as read_toml
+
+    assert launch_plan.nproc(str(CONFIGS / "cpu_2x2_flexdemo.toml"), [], 0) == 4
+    m = MEMORY_LINE.search(capsys.readouterr().err)
+    assert m, "no memory line"
+    assert "[llama3 debugmodel_2layer, mode demo, fsdp 2 x tp 1, batch 2 x seq 128" in m.group(0)
+    # the parameter count of 0.3.0's model (fused wqkv, lm_head), each parameter once, sharded 2 ways
+    import torch
+
+    config = read_toml(str(CONFIGS / "cpu_2x2_flexdemo.toml"))
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    names = [n for n, _ in model.named_parameters()]
+    assert any(n.endswith("qkv_linear.wqkv.weight") for n in names) and "lm_head.weight" in names
+    shapes = memory.model_shapes(config)
+    assert sum(p.numel() for p in model.parameters()) == sum(torch.Size(s).numel() for _, s in shapes.params)
+    est = memory.estimate(config, 4)
+    assert est.params == 4 * sum(-(-s[0] // 2) * (torch.Size(s).numel() // s[0]) for _, s in shapes.params)
+    assert (shapes.q_dim, shapes.kv_dim, shapes.vocab) == (256, 256, 2048)  # debugmodel: 16 heads x 16
+
+
+@pytest.mark.parametrize("check, exits", [("refuse", True), ("warn", False), ("off", False)])
+def test_memory_check_refuses_a_config_that_cannot_fit(monkeypatch, capsys, check, exits):
+    from flexdemo.titan import memory
+    from flexdemo.titan.v0_3 import launch_plan
+
+    monkeypatch.setattr(memory, "visible_device", lambda: (2 * memory.GIB, "tiny GPU"))
+    argv = [str(CONFIGS / "cpu_2x2_flexdemo.toml"), ["--model.flavor", "1B", "--flexdemo.memory_check", check], 0]
+    if exits:
+        with pytest.raises(SystemExit) as e:
+            launch_plan.nproc(*argv)
+        assert e.value.code == 2
+    else:
+        assert launch_plan.nproc(*argv) == 4
+    err = capsys.readouterr().err
+    refused = [x for x in err.splitlines() if 'memory_check = "refuse": the estimated memory per GPU' in x]
+    warned = [x for x in err.splitlines() if x.startswith("flexdemo: WARNING: the estimated memory per GPU")]
+    assert (len(refused), len(warned), bool(MEMORY_LINE.search(err))) == \
+        {"refuse": (1, 0, True), "warn": (0, 1, True), "off": (0, 0, False)}[check], err
 
 
 # -- elastic replicas on torchft (flexdemo.titan.elastic, as on 0.2.2: tests/test_titan_elastic.py) --------

@@ -12,7 +12,7 @@ attention causal over the window), and flexdemo's model attends with causal SDPA
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch.distributed as dist
 import tyro
@@ -24,10 +24,15 @@ from flexdemo.data.assets import ensure_assets, load_corpus, read_manifest
 from flexdemo.data.dataset import SPLITS, StdlibTextDataset
 from flexdemo.section import FlexDemoConfigError
 
+from ..data_position import ReshardingMixin, saved_world_size_to_reshard
 from ..elastic import shard_among_replicas
+from .legacy import legacy_view
 
 
-class FlexDataLoader(ParallelAwareDataloader):
+class FlexDataLoader(ReshardingMixin, ParallelAwareDataloader):
+    """flexdemo's corpus; a checkpointed position also loads where the data-parallel world size
+    changed since the save (flexdemo.titan.data_position, as 0.2.2's ReshardingDataloader)."""
+
     @dataclass(kw_only=True, slots=True)
     class Config(ParallelAwareDataloader.Config):
         dataset: str = "flexdemo_stdlib"
@@ -40,6 +45,9 @@ class FlexDataLoader(ParallelAwareDataloader):
         elastic: Annotated[tuple[int, int] | None, tyro.conf.Suppress] = None
         """(group_size, replica_id) of an elastic replica ([fault_tolerance]; set by FlexTrainer, not
         a setting): its ranks read their shard of every replica's data (flexdemo.titan.elastic)."""
+        run: Annotated[Any, tyro.conf.Suppress] = None
+        """The run's FlexRun (set by FlexTrainer; not a setting): the checkpoint it resumes, whose
+        data position is resharded where the data-parallel world size changed."""
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
                  local_batch_size: int, snapshot_every_n_steps: int | None = None, **_) -> None:
@@ -63,6 +71,8 @@ class FlexDataLoader(ParallelAwareDataloader):
                                     seed=config.seed, name=name)
         super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, batch_size=local_batch_size,
                          num_workers=config.num_workers, pin_memory=config.pin_memory)
+        if config.run is not None:
+            self.reshard_from(saved_world_size_to_reshard(legacy_view(config.run.config), dp_rank))
 
 
 class TextDataLoader(HuggingFaceTextDataLoader):

@@ -33,11 +33,23 @@ def parse(argv: list[str]):
 
 
 def check(argv: list[str], world_size: int | None):
-    """Parse and check once (the launcher, before any rank starts); raises FlexDemoConfigError."""
+    """Parse and check once (the launcher, before any rank starts); raises FlexDemoConfigError. With
+    the world size, also the checkpoint it resumes against its settings and layout (as 0.2.2's
+    check_config: flexdemo.titan.checkpoint.plan_resume; another layout resumes, a data position
+    that cannot be resharded is refused here)."""
     from .settings import validate
 
     config = parse(argv)
     validate(config, world_size)
+    if world_size is not None:
+        from ..checkpoint import plan_resume
+        from .legacy import legacy_view
+        from .settings import run_settings
+
+        p = config.parallelism
+        replicas = p.data_parallel_replicate_degree
+        shards = world_size // (replicas * p.tensor_parallel_degree * p.pipeline_parallel_degree)
+        plan_resume(legacy_view(config), run_settings(config), replicas, shards, FlexDemoConfigError)
     return config
 
 

@@ -61,6 +61,8 @@ class FlexTrainer(Trainer):
         section = config.flexdemo
         self._flex_run = FlexRun(config)
         config.optimizer.run = self._flex_run
+        if isinstance(config.dataloader, FlexDataLoader.Config):  # its position resharded on resume
+            config.dataloader.run = self._flex_run
         spec = config.model_spec
         config.model_spec = dataclasses.replace(spec, parallelize_fn=wrap_parallelize(spec.parallelize_fn, section))
         ft = config.fault_tolerance
