@@ -223,6 +223,7 @@ def test_resume_on_another_layout(tmp_path, mode):
     # (the same data-parallel world: per-replica state r <- r mod 2, DTensors resharded), 2 x 1 to
     # step 10 (data-parallel world 4 -> 2: flexdemo's corpus position resharded); replicas identical
     # at 5 and 10; then a dataset torchtitan cannot reshard refused in the pre-flight, one line.
+    # demo_diloco: the first hop only (its replicas' own local parameters, r <- r mod 2, mid-cycle).
     ck = ("--checkpoint.enable", "true", "--checkpoint.last_save_model_only", "false",
           "--flexdemo.replica_check_interval", "5")
     first, _, _ = launch(MODES[mode], tmp_path, "--training.steps", "3", *ck, "--checkpoint.interval", "3",
@@ -230,6 +231,8 @@ def test_resume_on_another_layout(tmp_path, mode):
     assert sorted(first) == [1, 2, 3]
     hops = ((4, 1, 5, "written by 2 replicas x 2 shards) on 4 x 1: replica 0 takes saved replica 0's own state"),
             (2, 1, 10, "written by 4 replicas x 1 shards) on 2 x 1: replica 0 takes saved replica 0's own state"))
+    if mode == "demo_diloco":  # the file's time on 2 cores: the per-replica local parameters' hop only
+        hops = hops[:1]
     step = 3
     for replicas, shards, last, said in hops:
         losses, _, out = launch(MODES[mode], tmp_path, "--training.steps", str(last), *ck, "--checkpoint.interval",
@@ -238,6 +241,8 @@ def test_resume_on_another_layout(tmp_path, mode):
         assert said in out, out[-3000:]
         assert (str(last), str(replicas)) in CHECKS_RE.findall(out), out[-3000:]
         step = last
+    if mode == "demo_diloco":
+        return
     assert "position saved by 4 data-parallel ranks resharded onto 2" in out, out[-3000:]
     # the 2 ranks' position at step 10 = the 4 ranks' at step 5 resharded by the rule, read on 5 steps
     from flexdemo.data.assets import ensure_assets
