@@ -6,7 +6,6 @@ per-step mode and in demo_diloco), whose closing lines are the ones the docs sho
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -90,53 +89,18 @@ def test_a_replica_is_refused_at_join_naming_the_setting_it_does_not_share():
 
 @pytest.mark.timeout(200)
 def test_a_joining_replica_with_other_settings_is_refused_and_says_which(tmp_path, assets):
-    port = free_port()
-    lighthouse = subprocess.Popen(["bash", str(REPO / "scripts" / "lighthouse.sh"), str(port), "2"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://localhost:{port}", "OMP_NUM_THREADS": "1"}
-    procs = []
-    try:
-        for replica, extra in ((0, []), (1, ["--flexdemo.topk", "16"])):
-            cmd = ["bash", str(LAUNCH), str(CONFIGS / "cpu_elastic_demo.toml"), "--fault_tolerance.replica_id",
-                   str(replica), "--model.hf_assets_path", str(assets), "--checkpoint.no_enable",
-                   "--job.dump_folder", str(tmp_path / f"r{replica}"), *extra]
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env={**env, "MASTER_PORT": str(free_port())},
-                                          stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"r{replica}.err", "w"),
-                                          start_new_session=True))
-        # At step 0 one of the two heals from the other (torchft's init_sync) and compares.
-        end = time.time() + 150
-        while time.time() < end and all(p.poll() is None for p in procs):
-            time.sleep(0.5)
-        refused = [r for r, p in enumerate(procs) if p.poll() is not None]
-    finally:
-        for p in [*procs, lighthouse]:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-    assert len(refused) == 1, "neither replica was refused in time"
-    err = (tmp_path / f"r{refused[0]}.err").read_text()
-    lines = [x for x in err.splitlines() if "refused at join" in x]
-    assert procs[refused[0]].returncode != 0 and len(lines) == 1, err[-3000:]
-    theirs, ours = ("32", "16") if refused[0] == 1 else ("16", "32")
-    assert f"elastic replica {refused[0]} refused at join: its flexdemo.topk is {ours}, the quorum's is {theirs}" \
-        in lines[0]
+    from elastic_join import check_join_refused
+
+    def command(replica, extra):
+        return ["bash", str(LAUNCH), str(CONFIGS / "cpu_elastic_demo.toml"), "--fault_tolerance.replica_id",
+                str(replica), "--model.hf_assets_path", str(assets), "--checkpoint.no_enable",
+                "--job.dump_folder", str(tmp_path / f"r{replica}"), *extra]
+
+    check_join_refused(tmp_path, command, dict(os.environ))
 
 
 @pytest.mark.timeout(1500)
 def test_elastic_demo_survives_a_killed_replica_and_heals_it_bitwise(tmp_path, assets):
-    env = {**os.environ, "FLEXDEMO_CACHE": os.environ["FLEXDEMO_CACHE"]}
-    # Replica 2 is restarted right after the kill; its start (imports, checkpoint, heal) takes
-    # ~35 steps of the survivors here, so 100 steps leave it ~50 of checks after it rejoined.
-    r = subprocess.run(["bash", str(REPO / "scripts" / "elastic_demo.sh"), "--out", str(tmp_path), "--steps", "100",
-                        "--restart-at", "17", "--timeout", "400", "--no-baseline"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1450)
-    lines = r.stdout.strip().splitlines()[-2:]
-    for mode, line in zip(("demo", "demo_diloco"), lines):
-        m = re.fullmatch(rf"elastic {mode}: survivors took (\d+) steps during the outage; rejoined replica bitwise "
-                         r"equal: (yes|no); final loss ([\d.]+) \(uninterrupted not run\)", line)
-        assert m, (line, r.stdout[-2000:], r.stderr[-2000:])
-        assert m.group(2) == "yes" and int(m.group(1)) >= 5, line
-        # the restarted replica loaded its own checkpoint, then took the live peers' later state
-        m = re.search(rf"elastic {mode}: replica 2 restarted, loaded its checkpoint of step (\d+), healed from a "
-                      r"live peer at step (\d+)", r.stderr)
-        assert m and int(m.group(2)) > int(m.group(1)) >= 10, r.stderr[-2000:]
-    assert r.returncode == 0 and len(lines) == 2, r.stdout[-2000:]
+    from elastic_join import check_kill_and_heal
+
+    check_kill_and_heal(tmp_path, {**os.environ, "FLEXDEMO_CACHE": os.environ["FLEXDEMO_CACHE"]})
