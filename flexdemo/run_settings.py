@@ -33,7 +33,7 @@ PACKAGES = ("torch", "torchtitan", "torchft", "flexdemo")
 
 @dataclass(frozen=True)
 class RunSettings:
-    section: Any  # the [flexdemo] section (flexdemo.titan.config.FlexDemo)
+    section: Any  # the [flexdemo] section (flexdemo.section.FlexDemo)
     job: tuple[tuple[str, str], ...] = ()  # ("section.key", repr(value)) the adapter names
 
     @property

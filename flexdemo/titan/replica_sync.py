@@ -77,6 +77,9 @@ class EveryStep:
     def load_state_dict(self, state_dict: dict[str, Any], *prefixes: str) -> None:
         pass
 
+    def keep_loads_for_again(self) -> None:
+        pass
+
     def load_again(self) -> None:
         pass
 
@@ -96,6 +99,8 @@ class OuterCycle:
     def __init__(self, outer: DiLoCo) -> None:
         self.outer = outer
         self._synced = False  # the last step ended with an outer step
+        self._keep_loads = False  # keep a loaded state for load_again (0.3.0 only)
+        self._loaded: tuple | None = None
 
     @property
     def compressor(self):
@@ -165,14 +170,19 @@ class OuterCycle:
         # Also restores each replica's own local parameters (the model's keys hold one
         # replica's shards only): runs after DCP has loaded the model's tensors.
         self.outer.load_state_dict(state_dict, *prefixes)
-        self._loaded = (state_dict, prefixes)
+        if self._keep_loads:  # only where load_again will come (it holds the loaded outer state)
+            self._loaded = (state_dict, prefixes)
+
+    def keep_loads_for_again(self) -> None:
+        """Keep each loaded state until :meth:`load_again` (the adapter that calls it says so)."""
+        self._keep_loads = True
 
     def load_again(self) -> None:
         """The last load once more: torchtitan 0.3.0 copies the model's saved tensors (replica 0's)
         into the parameters after the optimizers' load (a fused parameter's are fresh tensors),
         overwriting this replica's own local parameters (flexdemo.titan.v0_3.trainer)."""
         # Once: a later load of the model (an elastic replica healing from a live peer) is the peer's.
-        loaded, self._loaded = getattr(self, "_loaded", None), None
+        loaded, self._loaded = self._loaded, None
         if loaded is not None:
             self.outer.load_state_dict(loaded[0], *loaded[1])
 

@@ -102,6 +102,7 @@ class FlexTrainer(Trainer):
         if model_state is None:
             return
         load, sync = model_state.load_state_dict, self.optimizers.sync
+        sync.keep_loads_for_again()
 
         def load_then_replicas(state_dict):
             load(state_dict)
