@@ -3,7 +3,10 @@ for every setting NAME with runs NAME_sSEED and a baseline run BASELINE_sSEED on
 d_i = final held-out loss / the baseline's on seed i - 1, and the 95% interval
 mean(d) +- t(0.975, n - 1) sd(d) / sqrt(n) (flexdemo.plan.intervals), as a Markdown table.
 
-  python3 benchmarks/paired_seeds.py docs/results/FOLDER [--baseline adamw] [--seeds 11 22 33 44]
+  python3 benchmarks/paired_seeds.py docs/results/FOLDER [--baseline adamw] [--seeds 11 22 33 44] [--step N]
+
+Runs that stopped at different steps (a run killed when a device session ended) are refused unless
+--step names a validation step they all reached: a killed run's last loss is not a final.
 
 A verdict column applies the results page's words: "at or below AdamW" only where the interval's
 upper end is <= 0, "within +1%" where it is <= +1%, "above" where its lower end is > 0, else
@@ -22,14 +25,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flexdemo.plan.intervals import paired_interval  # noqa: E402
 
 
-def finals(runs_csv: Path) -> dict[str, float]:
-    """run -> its last held-out loss (rows are in step order)."""
-    out = {}
+def held_out(runs_csv: Path) -> dict[str, dict[int, float]]:
+    """run -> {validation step: held-out loss}."""
+    out: dict[str, dict[int, float]] = {}
     with open(runs_csv) as f:
         for row in csv.DictReader(f):
             if row["val_loss"]:
-                out[row["run"]] = float(row["val_loss"])
+                out.setdefault(row["run"], {})[int(row["step"])] = float(row["val_loss"])
     return out
+
+
+def finals(runs_csv: Path, step: int | None = None) -> dict[str, float]:
+    """run -> its held-out loss at ``step`` (runs that never reached it left out), or else its last one;
+    ValueError where the runs' last validation steps differ (a partial run's last loss is no final)."""
+    series = held_out(runs_csv)
+    if step is not None:
+        return {run: losses[step] for run, losses in series.items() if step in losses}
+    return last_losses(series)
+
+
+def last_losses(series: dict[str, dict[int, float]]) -> dict[str, float]:
+    """run -> its last held-out loss, where every run's last validation step is the same one."""
+    last = {run: max(losses) for run, losses in series.items() if losses}
+    if len(set(last.values())) > 1:
+        raise ValueError("runs end at different validation steps (" +
+                         ", ".join(f"{run} {s}" for run, s in sorted(last.items())) +
+                         "): compare them at a step they all reached (--step N)")
+    return {run: series[run][s] for run, s in last.items()}
 
 
 def verdict(low: float, high: float) -> str:
@@ -59,10 +81,10 @@ def paired(final: dict[str, float], baseline: str, seeds: list[str] | None = Non
     return base, settings
 
 
-def table(final: dict[str, float], baseline: str, seeds: list[str] | None = None) -> str:
+def table(final: dict[str, float], baseline: str, seeds: list[str] | None = None, step: int | None = None) -> str:
     base, settings = paired(final, baseline, seeds)
     spread = statistics.stdev(base.values()) / statistics.fmean(base.values()) if len(base) > 1 else float("nan")
-    lines = [f"{baseline}: seeds {', '.join(sorted(base))}, finals "
+    lines = [f"{baseline}: seeds {', '.join(sorted(base))}, {f'held-out at step {step}' if step else 'finals'} "
              f"{' / '.join(f'{base[s]:.4f}' for s in sorted(base))}, std / mean {spread:.2%}", "",
              "| setting | seeds | d per seed | mean [95% interval] | verdict |", "|---|---|---|---|---|"]
     for name in sorted(settings):
@@ -79,8 +101,13 @@ def main(argv=None) -> int:
     ap.add_argument("folder")
     ap.add_argument("--baseline", default="adamw")
     ap.add_argument("--seeds", nargs="*", default=None, help="only these seeds (e.g. the claim seeds, not the tuning ones)")
+    ap.add_argument("--step", type=int, default=None, help="the held-out loss at this validation step, not the last")
     args = ap.parse_args(argv)
-    print(table(finals(Path(args.folder) / "runs.csv"), args.baseline, args.seeds))
+    try:
+        final = finals(Path(args.folder) / "runs.csv", args.step)
+    except ValueError as e:
+        sys.exit(f"paired_seeds: {e}")
+    print(table(final, args.baseline, args.seeds, args.step))
     return 0
 
 

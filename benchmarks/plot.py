@@ -338,10 +338,10 @@ def interval_frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, see
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from paired_seeds import paired, table as paired_table, verdict
+    from paired_seeds import last_losses, paired, table as paired_table, verdict
     from flexdemo.plan.intervals import paired_interval
 
-    final = {n: r.validation[max(r.validation)] for n, r in runs.items() if r.validation}
+    final = last_losses({n: r.validation for n, r in runs.items()})
     _, settings = paired(final, baseline, seeds)
     ring = ring_bytes([r for n, r in runs.items() if n.rpartition("_s")[0] == baseline])
     fig, ax = plt.subplots(figsize=(10, 5))

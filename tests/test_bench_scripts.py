@@ -316,6 +316,10 @@ def test_interval_frontier_pairs_seeds_and_draws_each_setting_once(tmp_path):
                         "--intervals", "--seeds", "1", "2", "--out", str(tmp_path / "cli")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "seeds 1, 2," in r.stdout and (tmp_path / "cli" / "loss_vs_bytes_intervals.png").is_file()
+    with open(tmp_path / "runs.csv", "a") as f:  # a run killed early: its last loss is no final
+        f.write("k8_s4,5,,,2.0,,,,,1000,0\n")
+    with pytest.raises(ValueError, match="k8_s4 5"):
+        plot.interval_frontier(plot.read_csv(tmp_path / "runs.csv"), tmp_path / "out", "adamw")
 
 
 def test_frontier_compares_each_run_with_the_baseline_of_its_seed(tmp_path):
