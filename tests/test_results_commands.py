@@ -51,6 +51,16 @@ def page_commands(text: str) -> list[list[str]]:
     return out
 
 
+def meta_commands() -> list[list[str]]:
+    """The command lines of the results folders whose commands the page leaves to their meta.json
+    ("Commands: `FOLDER/meta.json`"): its "reproduce" list."""
+    out = []
+    for folder in re.findall(r"Commands: `([\w.-]+)/meta\.json`", PAGE.read_text()):
+        lines = json.loads((REPO / "docs" / "results" / folder / "meta.json").read_text())["reproduce"]
+        out += [argv for line in lines if (argv := shlex.split(line, comments=True))]
+    return out
+
+
 def plot_commands(text: str) -> list[list[str]]:
     """The plot.py calls of benchmarks/plots.sh (its other lines are the shell's set-up)."""
     return [shlex.split(line) for line in text.splitlines() if line.startswith("python3 benchmarks/plot.py")]
@@ -226,8 +236,9 @@ def run_checks(commands: list[list[str]]) -> list[str]:
 
 
 def test_every_command_on_the_results_page_parses_on_todays_code():
-    commands = [c for page in PAGES for c in page_commands(page.read_text())]
+    commands = [c for page in PAGES for c in page_commands(page.read_text())] + meta_commands()
     assert len(commands) >= 20, "the page's ```sh blocks hold its commands"
+    assert len(meta_commands()) >= 18, "the commands of results 10 and 11 (their folders' meta.json)"
     _, parses, jobs = plan(commands)
     assert len(jobs) >= 30 and len(parses) >= 15
     assert run_checks(commands) == []
