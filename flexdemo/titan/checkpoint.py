@@ -105,6 +105,15 @@ class Resume:
         return _REPLICA_RE.sub(f"@replica{self.source_replica(replica)}.", key, count=1)
 
 
+def check_resume_for_world(job_config, settings, world_size: int, error) -> Resume | None:
+    """:func:`plan_resume` before any rank starts (the pre-flight), its layout read off the config's
+    parallelism (0.2.2's names; 0.3.0's config seen through flexdemo.titan.v0_3.legacy) and the world size."""
+    p = job_config.parallelism
+    replicas = p.data_parallel_replicate_degree
+    shards = world_size // (replicas * p.tensor_parallel_degree * p.pipeline_parallel_degree)
+    return plan_resume(job_config, settings, replicas, shards, error)
+
+
 def plan_resume(job_config, settings, replicas: int, shards: int, error) -> Resume | None:
     """Check the checkpoint this run will resume against its ``settings`` (flexdemo.run_settings:
     the checkpoint tag, the mode's entry); raise ``error`` with one

@@ -48,7 +48,7 @@ from flexdemo.elastic.group import ElasticJoinError
 from flexdemo.modes import mode_of
 
 from . import cpu_shim, elastic, memory
-from .checkpoint import plan_resume
+from .checkpoint import check_resume_for_world
 from .config import REPLICA_LOCAL_LOSS_ATTR, FlexDemoConfigError, run_settings, validate_job_config
 from .data import check_tokenizer_available, embedded_tokenizer_dir
 from .metrics import ConsensusValidator
@@ -65,10 +65,7 @@ def check_config(argv: list[str], world_size: int | None, memory_estimate: bool 
     if hasattr(job_config, "flexdemo"):
         validate_job_config(job_config, world_size)
         if world_size is not None:  # the checkpoint it resumes must fit its settings
-            p = job_config.parallelism
-            replicas = p.data_parallel_replicate_degree
-            shards = world_size // (replicas * p.tensor_parallel_degree * p.pipeline_parallel_degree)
-            plan_resume(job_config, run_settings(job_config), replicas, shards, FlexDemoConfigError)
+            check_resume_for_world(job_config, run_settings(job_config), world_size, FlexDemoConfigError)
     check_tokenizer_available(job_config)
     if memory_estimate and hasattr(job_config, "flexdemo"):
         check_memory(job_config, world_size)

@@ -42,14 +42,11 @@ def check(argv: list[str], world_size: int | None):
     config = parse(argv)
     validate(config, world_size)
     if world_size is not None:
-        from ..checkpoint import plan_resume
+        from ..checkpoint import check_resume_for_world
         from .legacy import legacy_view
         from .settings import run_settings
 
-        p = config.parallelism
-        replicas = p.data_parallel_replicate_degree
-        shards = world_size // (replicas * p.tensor_parallel_degree * p.pipeline_parallel_degree)
-        plan_resume(legacy_view(config), run_settings(config), replicas, shards, FlexDemoConfigError)
+        check_resume_for_world(legacy_view(config), run_settings(config), world_size, FlexDemoConfigError)
     return config
 
 
