@@ -118,9 +118,14 @@ _SHAPES: dict[tuple[str, str], ModelShapes] = {}
 
 
 def shapes_of(job_config) -> ModelShapes:
-    key = (job_config.model.name, job_config.model.flavor)
+    return cached_shapes((job_config.model.name, job_config.model.flavor), lambda: build_meta_model(job_config))
+
+
+def cached_shapes(key: tuple[str, str], build_meta) -> ModelShapes:
+    """The ModelShapes of (model name, flavor), the model built on the meta device by ``build_meta()``
+    once per process (either torchtitan version's: one runs in a process)."""
     if key not in _SHAPES:
-        _SHAPES[key] = model_shapes(build_meta_model(job_config))
+        _SHAPES[key] = model_shapes(build_meta())
     return _SHAPES[key]
 
 

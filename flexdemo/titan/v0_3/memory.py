@@ -17,17 +17,15 @@ from torchtitan.distributed.activation_checkpoint import FullAC, MemoryBudgetAC,
 
 from .. import memory
 
-# Per process, by (family, flavor), as memory._SHAPES: a config check may run more than once.
-_SHAPES: dict[tuple[str, str], memory.ModelShapes] = {}
-
 
 def model_shapes(config) -> memory.ModelShapes:
     spec = config.model_spec
-    key = (spec.name, spec.flavor)
-    if key not in _SHAPES:
+
+    def build_meta():
         with torch.device("meta"):
-            _SHAPES[key] = memory.model_shapes(spec.model.build())
-    return _SHAPES[key]
+            return spec.model.build()
+
+    return memory.cached_shapes((spec.name, spec.flavor), build_meta)
 
 
 def _activation_checkpoint(ac) -> SimpleNamespace:
