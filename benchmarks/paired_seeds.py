@@ -7,6 +7,10 @@ mean(d) +- t(0.975, n - 1) sd(d) / sqrt(n) (flexdemo.plan.intervals), as a Markd
 
 Runs that stopped at different steps (a run killed when a device session ended) are refused unless
 --step names a validation step they all reached: a killed run's last loss is not a final.
+Runs paired must have read the same data: where runs.csv records what each read (the training
+corpus's sha256 and the held-out windows' digest, from its log), runs that differ, or that do not
+say beside runs that do, are refused (batches run in different device sessions build the corpus
+anew on each machine).
 
 A verdict column applies the results page's words: "at or below AdamW" only where the interval's
 upper end is <= 0, "within +1%" where it is <= +1%, "above" where its lower end is > 0, else
@@ -42,6 +46,29 @@ def finals(runs_csv: Path, step: int | None = None) -> dict[str, float]:
     if step is not None:
         return {run: losses[step] for run, losses in series.items() if step in losses}
     return last_losses(series)
+
+
+def data_read(runs_csv: Path) -> dict[str, tuple[str, str]]:
+    """run -> (corpus sha256, held-out digest) as runs.csv records them; ("", "") where it does not."""
+    out: dict[str, tuple[str, str]] = {}
+    with open(runs_csv) as f:
+        for row in csv.DictReader(f):
+            corpus, heldout = row.get("corpus_sha256") or "", row.get("heldout_digest") or ""
+            if corpus or heldout or row["run"] not in out:
+                out[row["run"]] = (corpus, heldout)
+    return out
+
+
+def check_same_data(data: dict[str, tuple[str, str]], runs: list[str]) -> None:
+    """ValueError naming the groups where ``runs`` did not all read the same data (what a run does
+    not record counts as a difference from one that does; runs none of which record it pass)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for run in runs:
+        groups.setdefault(data.get(run, ("", "")), []).append(run)
+    if len(groups) > 1:
+        raise ValueError("runs read different data (corpus sha256 / held-out digest): " + "; ".join(
+            f"{corpus or 'not logged'} / {heldout[:16] or 'not logged'}: {', '.join(sorted(names))}"
+            for (corpus, heldout), names in sorted(groups.items())))
 
 
 def last_losses(series: dict[str, dict[int, float]]) -> dict[str, float]:
@@ -81,11 +108,24 @@ def paired(final: dict[str, float], baseline: str, seeds: list[str] | None = Non
     return base, settings
 
 
-def table(final: dict[str, float], baseline: str, seeds: list[str] | None = None, step: int | None = None) -> str:
+def paired_runs(baseline: str, base: dict[str, float], settings: dict[str, dict[str, float]]) -> list[str]:
+    """The runs ``paired`` put in the table: the baseline's and every setting's on its seeds."""
+    return [f"{baseline}_s{seed}" for seed in base] + [f"{name}_s{seed}" for name, d in settings.items() for seed in d]
+
+
+def table(final: dict[str, float], baseline: str, seeds: list[str] | None = None, step: int | None = None,
+          data: dict[str, tuple[str, str]] | None = None) -> str:
+    """The Markdown table; with ``data`` (run -> what it read) the paired runs must have read the same."""
     base, settings = paired(final, baseline, seeds)
+    read = ""
+    if data is not None:
+        runs = paired_runs(baseline, base, settings)
+        check_same_data(data, runs)
+        corpus, heldout = data.get(runs[0], ("", ""))
+        read = f", corpus {corpus}, held-out digest {heldout[:16]}" if heldout else ""
     spread = statistics.stdev(base.values()) / statistics.fmean(base.values()) if len(base) > 1 else float("nan")
     lines = [f"{baseline}: seeds {', '.join(sorted(base))}, {f'held-out at step {step}' if step else 'finals'} "
-             f"{' / '.join(f'{base[s]:.4f}' for s in sorted(base))}, std / mean {spread:.2%}", "",
+             f"{' / '.join(f'{base[s]:.4f}' for s in sorted(base))}, std / mean {spread:.2%}{read}", "",
              "| setting | seeds | d per seed | mean [95% interval] | verdict |", "|---|---|---|---|---|"]
     for name in sorted(settings):
         d = settings[name]
@@ -103,11 +143,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", nargs="*", default=None, help="only these seeds (e.g. the claim seeds, not the tuning ones)")
     ap.add_argument("--step", type=int, default=None, help="the held-out loss at this validation step, not the last")
     args = ap.parse_args(argv)
+    runs_csv = Path(args.folder) / "runs.csv"
     try:
-        final = finals(Path(args.folder) / "runs.csv", args.step)
+        print(table(finals(runs_csv, args.step), args.baseline, args.seeds, args.step, data_read(runs_csv)))
     except ValueError as e:
         sys.exit(f"paired_seeds: {e}")
-    print(table(final, args.baseline, args.seeds, args.step))
     return 0
 
 

@@ -55,8 +55,9 @@ class Series:
     seconds: list[float | None]
 
 
+# corpus_sha256 / heldout_digest: what the run read (its first row only; empty where its log does not say)
 FIELDS = ("run", "step", "tokens", "loss", "val_loss", "seconds", "val_seconds", "tokens_per_s",
-          "bytes_sent", "bytes_received_total", "bytes_modelled")
+          "bytes_sent", "bytes_received_total", "bytes_modelled", "corpus_sha256", "heldout_digest")
 
 
 def _cell(x, fmt: str = "") -> str:
@@ -75,7 +76,9 @@ def csv_rows(run: RunLog) -> list[dict]:
                      "val_seconds": _cell(run.validation_time.get(s), ".2f"),
                      "tokens_per_s": _cell(run.tps.get(s), ".0f"), "bytes_sent": _cell(x and x.sent),
                      "bytes_received_total": _cell(x and x.received_total),
-                     "bytes_modelled": int(run.bytes_modelled)})
+                     "bytes_modelled": int(run.bytes_modelled), "corpus_sha256": "", "heldout_digest": ""})
+    if rows:
+        rows[0].update(corpus_sha256=run.corpus_sha256, heldout_digest=run.heldout_digest)
     return rows
 
 
@@ -106,6 +109,8 @@ def read_csv(path: Path) -> dict[str, RunLog]:
                 run.exchange[s] = Exchange(int(row["bytes_sent"] or 0), 0, int(row["bytes_received_total"]),
                                            math.nan, None)
             run.bytes_modelled = run.bytes_modelled or row["bytes_modelled"] == "1"
+            run.corpus_sha256 = run.corpus_sha256 or row.get("corpus_sha256") or ""  # (CSVs before the column)
+            run.heldout_digest = run.heldout_digest or row.get("heldout_digest") or ""
     return runs
 
 
@@ -342,6 +347,8 @@ def interval_frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, see
     from flexdemo.plan.intervals import paired_interval
 
     final = last_losses({n: r.validation for n, r in runs.items()})
+    data = {n: (r.corpus_sha256, r.heldout_digest) for n, r in runs.items()}
+    text = paired_table(final, baseline, seeds, data=data)  # refuses runs that read different data
     _, settings = paired(final, baseline, seeds)
     ring = ring_bytes([r for n, r in runs.items() if n.rpartition("_s")[0] == baseline])
     fig, ax = plt.subplots(figsize=(10, 5))
@@ -361,7 +368,7 @@ def interval_frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, see
     ax.set_xlabel("fewer bytes than B, a bf16 ring all-reduce every step (log)" if ring else "bytes received per rank (log)")
     ax.set_ylabel(f"held-out loss vs {baseline}, % (95% interval)")
     ax.set_title(title or "loss against bytes, with intervals over paired seeds", fontsize=9)
-    return _save(fig, ax, out_dir, "loss_vs_bytes_intervals.png"), paired_table(final, baseline, seeds)
+    return _save(fig, ax, out_dir, "loss_vs_bytes_intervals.png"), text
 
 
 def shaped_link_series(folder: Path) -> list[Series]:
@@ -440,8 +447,11 @@ def main() -> int:
                          "(default: those named adamw*); with --shaped the target is results.json's")
     args = ap.parse_args()
     if args.frontier and args.intervals:
-        path, table = interval_frontier(read_csv(Path(args.frontier)), Path(args.out), args.baseline, args.seeds,
-                                        args.title)
+        try:
+            path, table = interval_frontier(read_csv(Path(args.frontier)), Path(args.out), args.baseline, args.seeds,
+                                            args.title)
+        except ValueError as e:  # runs that end at different steps or read different data
+            sys.exit(f"plot: {e}")
         print(table)
         print(path)
         return 0

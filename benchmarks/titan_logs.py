@@ -20,6 +20,9 @@ XCHG = re.compile(r"\[rank0\].*flexdemo step:\s*(\d+)\s+sent_bytes(?:_modelled)?
                   r"\s+sent_bytes_total(?:_modelled)?:\s*(\d+)\s+received_bytes_total(?:_modelled)?:\s*(\d+)"
                   r".*?optimizer_step_ms:\s*([\d.]+)(?:\s+exchange_ms:\s*([\d.]+))?")
 BATCH = re.compile(r"\[rank0\].*global batch size (\d+), .*?sequence length (\d+)")
+# what the run read (flexdemo's corpora): the training corpus's sha256 and the held-out windows' digest
+CORPUS = re.compile(r"\[rank0\].*corpus_sha256=([0-9a-f]+)")
+HELDOUT = re.compile(r"\[rank0\].*heldout_digest=([0-9a-f]+)")
 
 
 @dataclass
@@ -44,6 +47,8 @@ class RunLog:
     validation_time: dict[int, float] = field(default_factory=dict)
     exchange: dict[int, Exchange] = field(default_factory=dict)
     bytes_modelled: bool = False
+    corpus_sha256: str = ""  # "" where the log does not say (a torchtitan dataset, or logs before it did)
+    heldout_digest: str = ""
 
 
 def _stamp(line: str) -> float | None:
@@ -71,6 +76,10 @@ def parse(path: str | Path, name: str | None = None) -> RunLog:
             run.bytes_modelled = run.bytes_modelled or "modelled" in line
         elif (m := BATCH.search(line)) and run.tokens_per_step is None:
             run.tokens_per_step = int(m[1]) * int(m[2])
+        elif m := CORPUS.search(line):
+            run.corpus_sha256 = run.corpus_sha256 or m[1]
+        elif m := HELDOUT.search(line):
+            run.heldout_digest = run.heldout_digest or m[1]
     t0 = times.get(min(times)) if times else None
     if t0 is not None:
         run.t0 = t0

@@ -17,10 +17,11 @@ TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" tests/te
 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" --durations=25 tests "$@" || status=1
 # torchtitan 0.3.0, in a venv of its own beside this Python's 0.2.2: its end-to-end set (the TOML
 # reader, --module/--config, every mode 2 x 2 with the replicas identical, resume, validation,
-# elastic kill-and-heal). FLEXDEMO_TORCHTITAN makes a wrong version stop the run, not skip it.
+# elastic kill-and-heal, the shipped gpu_2gpu_* configs shrunk). FLEXDEMO_TORCHTITAN makes a wrong version
+# stop the run, not skip it.
 if PY03=$(PYTHON="$PY" bash scripts/setup_torchtitan_0_3.sh); then
   FLEXDEMO_TORCHTITAN=0.3 "$PY03" -m pytest -q -p no:cacheprovider "${XDIST[@]}" --durations=10 \
-    tests/test_torchtitan_0_3.py tests/test_torchtitan_0_3_configs.py || status=1
+    tests/test_torchtitan_0_3.py tests/test_torchtitan_0_3_configs.py tests/test_titan_shipped_configs.py || status=1
 else
   status=1
 fi

@@ -396,7 +396,7 @@ def test_validation_split_via_torchtitan_registry(assets_dir):
 
 def _check_worker(rank, store_path, assets_dir, shift, errors):
     import torch.distributed as dist
-    from flexdemo.titan.data import _check_same_data_on_all_ranks
+    from flexdemo.data.same_data import check_same_data_on_all_ranks
 
     class Shifted(CharTokenizer):
         def encode(self, text, **kw):
@@ -404,7 +404,7 @@ def _check_worker(rank, store_path, assets_dir, shift, errors):
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
     try:
-        _check_same_data_on_all_ranks(assets_dir, Shifted())
+        check_same_data_on_all_ranks(assets_dir, Shifted(), "flexdemo_stdlib")
     except RuntimeError:
         errors.put(rank)
     finally:

@@ -59,3 +59,43 @@ def test_partial_runs_are_compared_only_at_a_step_they_all_reached(tmp_path):
     assert text.startswith("adamw: seeds 1, 2, held-out at step 2 2.0000 / 2.5000,") and "-5.0% / -10.0%" in text
     with pytest.raises(SystemExit, match="different validation steps"):
         paired_seeds.main([str(tmp_path)])
+
+
+def _log(path, corpus, heldout, loss):
+    """A run's console log as flexdemo's loaders and torchtitan's validator write it (rank 0)."""
+    at = "[rank0]:[titan] 2026-12-05 10:00:00,000 - root - INFO - "
+    lines = [f"flexdemo_pysource2: 9 documents, ~0.1 M tokens from /cache/x (corpus_sha256={corpus}), dp 0/2"
+             if corpus else "c4: a dataset of torchtitan's", "step:  1  loss:  7.0  grad_norm:  1.0  memory:  1.00GiB(1.00%)  "
+             "tps: 1,000  tflops: 0.1  mfu: 0.01%",
+             f"flexdemo_pysource2_validation: 64 windows of 16 + 1 tokens from 9 documents; each validation scores "
+             f"windows 0..63 (1,024 tokens), rank 0 of 2 every 2th from window 0; heldout_digest={heldout}"
+             if heldout else "validation on torchtitan's loader", f"validate step:  1  loss:  {loss}  memory:  1.00GiB(1.00%)"]
+    path.write_text("".join(at + line + "\n" for line in lines))
+
+
+def test_runs_that_read_different_data_are_not_paired(tmp_path):
+    # Batches run in different device sessions build the corpus anew on each machine: a run whose log
+    # names another corpus or held-out digest, or none beside runs that name one, is not paired.
+    import plot
+    import titan_logs
+
+    same = ("ab12" * 4, "cd34" * 16)
+    runs = {"adamw_s1": (*same, 2.0), "adamw_s2": (*same, 2.5), "k8_s1": (*same, 2.2), "k8_s2": (*same, 2.75)}
+
+    def table(**changed):
+        for name, (corpus, heldout, loss) in {**runs, **changed}.items():
+            _log(tmp_path / f"{name}.log", corpus, heldout, loss)
+        plot.write_csv(tmp_path / "runs.csv", [titan_logs.parse(p) for p in sorted(tmp_path.glob("*.log"))])
+        final = paired_seeds.finals(tmp_path / "runs.csv")
+        return paired_seeds.table(final, "adamw", data=paired_seeds.data_read(tmp_path / "runs.csv"))
+
+    assert f"held-out digest {'cd34' * 4}" in table() and "+10.0% / +10.0%" in table()
+    with pytest.raises(ValueError, match=r"read different data.*ee.*k8_s2"):
+        table(k8_s2=(same[0], "ee" * 32, 2.75))  # another held-out set
+    with pytest.raises(ValueError, match=r"read different data.*ff.*adamw_s1"):
+        table(adamw_s1=("ff" * 8, same[1], 2.0))  # another training corpus
+    with pytest.raises(ValueError, match=r"not logged / not logged: k8_s1"):
+        table(k8_s1=("", "", 2.2))  # a log that does not say beside ones that do
+    with pytest.raises(SystemExit, match="read different data"):
+        paired_seeds.main([str(tmp_path)])  # (the last CSV written: k8_s1 says nothing)
+    table(other_s3=("", "", 9.0))  # a run outside the pairing (no baseline on its seed) is not compared

@@ -45,6 +45,17 @@ CASES = {
         "invalid choice 'sign' for argument '--flexdemo.outer-value-encoding'",
     ),
     "demo_lr_zero": (["--optimizer.lr", "0"], "optimizer.lr=0.0; mode 'demo' needs a finite lr > 0"),
+    # flexdemo's held-out windows at this layout (4 data ranks): refused here, not at the first validation
+    "heldout_batches_not_splitting_the_windows": (
+        ["--validation.enable", "--validation.dataset", "flexdemo_stdlib_validation", "--validation.seq_len", "128",
+         "--validation.local_batch_size", "100003"],  # (a prime above any N / 4 of the stdlib's split)
+        "held-out windows do not split into batches of 4 data-parallel ranks x local_batch_size 100003",
+    ),
+    "heldout_steps_beyond_the_set": (
+        ["--validation.enable", "--validation.dataset", "flexdemo_stdlib_validation", "--validation.seq_len", "128",
+         "--validation.local_batch_size", "2", "--validation.steps", "100000"],
+        "[validation] steps 100000 outside 1..",
+    ),
     "check_between_outer_steps": (
         ["--flexdemo.mode", "diloco", "--flexdemo.sync_interval", "4"],
         "replica_check_interval=10 must be a multiple of sync_interval=4",

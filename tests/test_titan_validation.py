@@ -5,6 +5,8 @@ validation scores the same batches, where (its stock behaviour, which the key ex
 moves on to different ones."""
 
 import contextlib
+import hashlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -156,6 +158,20 @@ def test_trainer_scores_the_same_batches_on_four_gloo_ranks(tmp_path, assets):
     assert run.returncode == 0, run.output[-3000:]
     losses = run.validation_losses(0)
     assert sorted(losses) == [1, 2, 4] and len(set(losses.values())) == 1, losses
+    # The log names what was read: the training corpus's sha256 and the digest of the held-out windows
+    # scored (windows 0..23 in order: 3 steps x batch 2 x 4 data ranks), which benchmarks/titan_logs.py
+    # reads into runs.csv for paired_seeds.py's same-data check.
+    import titan_logs
+
+    from flexdemo.data import load_corpus
+    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.data.heldout import HeldOutTokens
+
+    (tmp_path / "console.log").write_text(run.output)
+    logged = titan_logs.parse(tmp_path / "console.log")
+    windows = HeldOutTokens(load_corpus(assets)["validation"], FileTokenizer(str(assets)), 128).tokens[:24]
+    assert logged.heldout_digest == hashlib.sha256(windows.to(torch.int32).numpy().tobytes()).hexdigest()
+    assert logged.corpus_sha256 == hashlib.sha256((Path(assets) / "corpus.json").read_bytes()).hexdigest()[:16]
 
 
 def test_consensus_validator_scores_the_common_parameters():

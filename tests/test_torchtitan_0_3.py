@@ -258,6 +258,48 @@ def test_resume_on_another_layout(tmp_path, mode):
 
 # -- the pre-flight's memory estimate (flexdemo.titan.memory, as on 0.2.2) -------------------------------
 
+def test_validation_scores_the_same_windows_and_logs_what_it_read(tmp_path, assets):
+    # torchtitan 0.3.0's Validator builds its loader at every validation: with lr 0 every validation
+    # logs one loss, and the log names the training corpus's sha256 and the digest of the held-out
+    # windows scored (windows 0..23 in order: 3 steps x batch 2 x 4 data ranks), as on 0.2.2.
+    import hashlib
+
+    import torch
+
+    from flexdemo.data import load_corpus
+    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.data.heldout import HeldOutTokens
+
+    _, _, out = launch("cpu_2x2_hsdp_adamw", tmp_path, "--training.steps", "4", "--optimizer.lr", "0",
+                       "--lr_scheduler.warmup_steps", "0", "--validation.enable", "--validation.freq", "2",
+                       "--validation.steps", "3", "--validation.dataset", "flexdemo_stdlib_validation",
+                       "--validation.dataset_path", str(assets), "--validation.local_batch_size", "2",
+                       "--validation.seq_len", "64")
+    losses = dict(re.findall(r"validate step:\s*(\d+)\s+(?:\x1b\[[0-9;]*m)?loss:\s*([0-9.]+)", out))
+    assert {2, 4} <= set(map(int, losses)) and len(set(losses.values())) == 1, losses
+    windows = HeldOutTokens(load_corpus(assets)["validation"], FileTokenizer(str(assets)), 64).tokens[:24]
+    digest = hashlib.sha256(windows.to(torch.int32).numpy().tobytes()).hexdigest()
+    assert set(re.findall(r"heldout_digest=([0-9a-f]+)", out)) == {digest}
+    corpus = hashlib.sha256((Path(assets) / "corpus.json").read_bytes()).hexdigest()[:16]
+    assert re.findall(r"corpus_sha256=([0-9a-f]+)", out) == [corpus]
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["--validation.local_batch_size", "100003"],  # (a prime above any N / 4 of the stdlib's split)
+     "windows do not split into batches of 4 data-parallel ranks x local_batch_size 100003"),
+    (["--validation.steps", "100000"], "[validation] steps 100000 outside 1.."),
+])
+def test_preflight_refuses_a_heldout_layout_before_any_rank(monkeypatch, capsys, overrides, says):
+    # 0.3.0 builds the validator's loader at the first validation; the launcher's check refuses first
+    from flexdemo.titan.v0_3 import launch_plan
+
+    monkeypatch.setenv("NPROC", "4")
+    with pytest.raises(SystemExit) as e:
+        launch_plan.nproc(str(CONFIGS / "cpu_2x2_flexdemo.toml"), ["--validation.enable", "--validation.dataset",
+                          "flexdemo_stdlib_validation", "--validation.seq_len", "64", *overrides], 0)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
 MEMORY_LINE = re.compile(r"^flexdemo: memory per GPU \(estimate\): params=([0-9.]+)GiB .* total=([0-9.]+)GiB.*$", re.M)
 
 

@@ -75,12 +75,37 @@ def test_validation_batch_and_sequence_reach_the_loader():
     c = read(CONFIGS / "cpu_2x2_flexdemo.toml", "--validation.enable", "--validation.seq_len", "64",
              "--validation.local_batch_size", "3")
     loader = c.validator.dataloader
-    assert (loader.seq_len, loader.local_batch_size) == (64, 3) and c.training.seq_len == 128
+    assert (loader.validation_seq_len, loader.validation_local_batch_size) == (64, 3) and c.training.seq_len == 128
     same = read(CONFIGS / "cpu_2x2_flexdemo.toml", "--validation.enable", "--validation.seq_len", "128")
-    assert (same.validator.dataloader.seq_len, same.validator.dataloader.local_batch_size) == (0, 0)
+    assert (same.validator.dataloader.validation_seq_len, same.validator.dataloader.validation_local_batch_size) == (0, 0)
     with pytest.raises(FlexDemoConfigError, match=r"^\[validation\] seq_len = 64: with pipeline parallelism"):
         read(CONFIGS / "cpu_2x2_flexdemo.toml", "--validation.enable", "--validation.seq_len", "64",
              "--parallelism.pipeline_parallel_degree", "2")
+
+
+@pytest.mark.parametrize("dataset", ["flexdemo_stdlib_validation", "plain_text_validation"])
+def test_validation_loaders_build_as_torchtitans_validator_builds_them(assets, dataset, monkeypatch):
+    # 0.3.0's Validator builds its loader at every validation with the training's seq_len and local
+    # batch size as build() kwargs; Configurable.build refuses a Config field of either name (loaders
+    # that had one failed at the first validation). [validation] seq_len / local_batch_size still win.
+    from datasets import Dataset
+    from torchtitan.hf_datasets import DatasetConfig
+    from torchtitan.hf_datasets import text_datasets as tt_text
+
+    from flexdemo.data import load_corpus
+    from flexdemo.data.audit import FileTokenizer
+
+    monkeypatch.setitem(tt_text.DATASETS, "plain_text_validation", DatasetConfig(
+        path=str(assets), loader=lambda path: Dataset.from_dict({"text": load_corpus(path)["validation"]}),
+        sample_processor=lambda s: s["text"]))
+    c = read(CONFIGS / "cpu_2x2_flexdemo.toml", "--validation.enable", "--validation.dataset", dataset,
+             "--validation.dataset_path", str(assets), "--validation.steps", "2", "--validation.seq_len", "64",
+             "--validation.local_batch_size", "4")
+    assert (c.training.seq_len, c.training.local_batch_size) == (128, 2)  # what the Validator passes
+    loader = c.validator.dataloader.build(dp_world_size=2, dp_rank=1, tokenizer=FileTokenizer(str(assets)),
+                                          seq_len=c.training.seq_len, local_batch_size=c.training.local_batch_size)
+    inputs, labels = next(iter(loader))
+    assert inputs["input"].shape == labels.shape == (4, 64)
 
 
 def test_text_dataset_is_torchtitans_and_a_missing_tokenizer_refused_at_launch():
@@ -106,3 +131,17 @@ def test_optimizer_keys_demo_does_not_read_are_named():
     assert ignored_keys(read(CONFIGS / "cpu_2x2_flexdemo.toml").flexdemo, read(CONFIGS / "cpu_2x2_flexdemo.toml").optimizer) == []
     off = read(CONFIGS / "cpu_2x2_hsdp_adamw.toml", "--optimizer.eps", "1e-6")
     assert ignored_keys(off.flexdemo, off.optimizer) == []  # AdamW reads them all
+
+
+def test_training_loader_checks_that_every_rank_reads_the_same_data(assets, monkeypatch):
+    # as 0.2.2's loader: ranks of other corpus builds or tokenizers stop before training
+    # (flexdemo.data.same_data; its refusal over gloo: tests/test_data.py)
+    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.titan.v0_3 import data
+
+    seen = []
+    monkeypatch.setattr(data, "check_same_data_on_all_ranks", lambda *args: seen.append(args))
+    c = read(CONFIGS / "cpu_2x2_flexdemo.toml", "--training.dataset_path", str(assets))
+    tok = FileTokenizer(str(assets))
+    c.dataloader.build(dp_world_size=2, dp_rank=1, tokenizer=tok, seq_len=64, local_batch_size=2)
+    assert seen == [(str(assets), tok, "flexdemo_stdlib")]

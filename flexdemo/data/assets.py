@@ -71,6 +71,12 @@ def read_manifest(path: str | os.PathLike) -> dict:
         return json.load(f)
 
 
+def corpus_sha256(path: str | os.PathLike) -> str:
+    """The first 16 hex digits of the sha256 of the corpus file (both splits' documents), as the
+    manifest records it: runs whose logs name the same one trained on the same documents."""
+    return read_manifest(path)["sha256"][CORPUS_FILE][:16]
+
+
 def load_corpus(path: str | os.PathLike) -> dict[str, list[str]]:
     """The {'train': [...], 'validation': [...]} documents stored in an assets dir."""
     with open(os.path.join(path, CORPUS_FILE), "r", encoding="utf-8") as f:

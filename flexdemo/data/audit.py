@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from typing import Sequence
 import torch
 from torch.utils.data import DataLoader
 
-from .heldout import HeldOutTokens, HeldOutWindows
+from .heldout import WINDOW_MULTIPLE, HeldOutTokens, HeldOutWindows, windows_per_rank
 from .pysource2 import long_lines
 
 
@@ -74,6 +75,36 @@ def audit_split(train: Sequence[str], validation: Sequence[str], tokenizer, seq_
         verbatim_line_overlap=verbatim_line_overlap(validation[:len(counts)], train),
         heldout_digest=gathered_digest(held_out, dp_world_size, batch_size, steps),
     )
+
+
+def check_layout(dataset: str, dataset_path: str | None, tokenizer_dir: str | None, seq_len: int,
+                 dp_world_size: int, batch_size: int, steps: int = -1) -> None:
+    """ValueError (the held-out set's own message) where a validator of flexdemo's held-out split
+    ``dataset`` could not read the same windows at this layout; nothing for other datasets. For the
+    launchers' pre-flight, before any rank starts. A layout reading the whole set in batches whose
+    size divides 64 splits every set (its window count is a multiple of 64): nothing is read; any
+    other loads the corpus (built where missing; ~7 s for pysource2) and tokenizes the split with
+    ``tokenizer_dir``'s tokenizer (the corpus's where it holds none), once per process."""
+    from .dataset import SPLITS
+
+    if dataset.lower() not in SPLITS:
+        return
+    if steps == -1 and WINDOW_MULTIPLE % (dp_world_size * batch_size) == 0:
+        return
+    num = _num_windows(dataset.lower(), dataset_path or None, tokenizer_dir or None, seq_len)
+    windows_per_rank(num, dp_world_size, batch_size, steps, dataset.lower())
+
+
+@functools.lru_cache(maxsize=8)
+def _num_windows(dataset: str, dataset_path: str | None, tokenizer_dir: str | None, seq_len: int) -> int:
+    from .assets import ensure_assets, load_corpus
+    from .dataset import SPLITS
+    from .tokenizer import has_tokenizer
+
+    corpus, split = SPLITS[dataset]
+    assets = ensure_assets(dataset_path, corpus=corpus)
+    tokenizer = FileTokenizer(tokenizer_dir if tokenizer_dir and has_tokenizer(tokenizer_dir) else assets)
+    return HeldOutTokens(load_corpus(assets)[split], tokenizer, seq_len, name=dataset).num_windows
 
 
 class FileTokenizer:

@@ -52,19 +52,24 @@ class HeldOutTokens:
         return [e - s for s, e in zip(self.document_starts, ends)]
 
     def windows_per_rank(self, dp_world_size: int, batch_size: int, steps: int = -1) -> int:
-        """Windows each rank reads per validation; a layout that cannot read the same windows as
-        every other is refused."""
-        per_step = dp_world_size * batch_size
-        if self.num_windows % per_step:
-            raise ValueError(
-                f"{self.name}: {self.num_windows} held-out windows do not split into batches of "
-                f"{dp_world_size} data-parallel ranks x local_batch_size {batch_size}; use a power-of-two "
-                f"product up to {WINDOW_MULTIPLE}")
-        total = self.num_windows // per_step
-        if steps != -1 and not 0 < steps <= total:
-            raise ValueError(f"{self.name}: [validation] steps {steps} outside 1..{total} (the whole held-out "
-                             f"set at this layout); leave it at -1 to read every window")
-        return (total if steps == -1 else steps) * batch_size
+        return windows_per_rank(self.num_windows, dp_world_size, batch_size, steps, self.name)
+
+
+def windows_per_rank(num_windows: int, dp_world_size: int, batch_size: int, steps: int = -1,
+                     name: str = "held-out") -> int:
+    """Windows each rank reads per validation; a layout that cannot read the same windows as every
+    other is refused."""
+    per_step = dp_world_size * batch_size
+    if num_windows % per_step:
+        raise ValueError(
+            f"{name}: {num_windows} held-out windows do not split into batches of "
+            f"{dp_world_size} data-parallel ranks x local_batch_size {batch_size}; use a power-of-two "
+            f"product up to {WINDOW_MULTIPLE}")
+    total = num_windows // per_step
+    if steps != -1 and not 0 < steps <= total:
+        raise ValueError(f"{name}: [validation] steps {steps} outside 1..{total} (the whole held-out "
+                         f"set at this layout); leave it at -1 to read every window")
+    return (total if steps == -1 else steps) * batch_size
 
 
 class HeldOutWindows(IterableDataset):

@@ -77,3 +77,21 @@ def validate_job_config(job_config, world_size: int | None) -> None:
             f"sync_interval={c.sync_interval} in mode={c.mode!r}: replicas are identical only right "
             "after an outer step"
         )
+
+
+def check_heldout_layout(job_config, world_size: int) -> None:
+    """Where the world size is known (the launchers' pre-flight, then each rank's check before
+    torchtitan starts; not validate_job_config, which the planner calls: it may tokenize the
+    held-out split): a validator of flexdemo's held-out split that could not read the same windows
+    at this layout is refused in one line, not at its first validation."""
+    from flexdemo.data.audit import check_layout
+
+    v, p = job_config.validation, job_config.parallelism
+    if not v.enable:
+        return
+    dp = world_size // (p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree)
+    try:
+        check_layout(v.dataset, v.dataset_path, job_config.model.hf_assets_path, v.seq_len, dp,
+                     v.local_batch_size, v.steps)
+    except ValueError as e:
+        _fail(str(e))

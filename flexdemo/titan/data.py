@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from typing import Any
 
 import torch.distributed as dist
 from torchtitan.components.dataloader import ParallelAwareDataloader
@@ -29,8 +28,9 @@ from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets import text_datasets as tt_text
 from torchtitan.tools.logging import logger
 
-from flexdemo.data.assets import MANIFEST_FILE, ensure_assets, load_corpus, read_manifest
+from flexdemo.data.assets import MANIFEST_FILE, corpus_sha256, ensure_assets, load_corpus, read_manifest
 from flexdemo.data.dataset import DATASET_NAME, SPLITS, StdlibTextDataset
+from flexdemo.data.same_data import check_same_data_on_all_ranks
 from flexdemo.data.tokenizer import TOKENIZER_FILES, has_tokenizer
 
 from . import elastic
@@ -105,22 +105,6 @@ def check_tokenizer_available(job_config: JobConfig) -> None:
         )
 
 
-def _check_same_data_on_all_ranks(assets_dir: str, tokenizer: BaseTokenizer) -> None:
-    """Fail fast if ranks (e.g. nodes with different Python builds) would read
-    different corpora or tokenize differently; silent mismatch would poison training."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    probe = "def f(x):\n    return {'ä': x}  # probe\n"
-    mine = (read_manifest(assets_dir)["sha256"]["corpus.json"], tuple(tokenizer.encode(probe)))
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    if any(other != mine for other in everyone):
-        raise RuntimeError(
-            f"{DATASET_NAME}: ranks disagree on corpus or tokenizer; build the assets once "
-            "(python -m flexdemo.data --out DIR) and point every node at the same files"
-        )
-
-
 def build_dataloader(
     dp_world_size: int,
     dp_rank: int,
@@ -143,11 +127,12 @@ def build_dataloader(
     corpus, split = SPLITS[name]
     assets_dir = resolve_assets_dir(job_config, corpus)
     _last_assets_dir[corpus] = assets_dir
-    _check_same_data_on_all_ranks(assets_dir, tokenizer)
+    check_same_data_on_all_ranks(assets_dir, tokenizer, DATASET_NAME)
     documents = load_corpus(assets_dir)[split]
     tokens = read_manifest(assets_dir).get("estimated_tokens", {}).get(split)
     size = f", ~{tokens / 1e6:.1f} M tokens" if tokens else ""
-    logger.info(f"{name}: {len(documents)} documents{size} from {assets_dir}, dp {dp_rank}/{dp_world_size}")
+    logger.info(f"{name}: {len(documents)} documents{size} from {assets_dir} "
+                f"(corpus_sha256={corpus_sha256(assets_dir)}), dp {dp_rank}/{dp_world_size}")
     dataset = StdlibTextDataset(
         documents,
         tokenizer,

@@ -49,6 +49,7 @@ from flexdemo.modes import mode_of
 
 from . import cpu_shim, elastic, memory
 from .checkpoint import check_resume_for_world
+from .checks import check_heldout_layout
 from .config import REPLICA_LOCAL_LOSS_ATTR, FlexDemoConfigError, run_settings, validate_job_config
 from .data import check_tokenizer_available, embedded_tokenizer_dir
 from .metrics import ConsensusValidator
@@ -64,8 +65,9 @@ def check_config(argv: list[str], world_size: int | None, memory_estimate: bool 
     job_config = ConfigManager().parse_args(argv)
     if hasattr(job_config, "flexdemo"):
         validate_job_config(job_config, world_size)
-        if world_size is not None:  # the checkpoint it resumes must fit its settings
+        if world_size is not None:  # the checkpoint it resumes must fit its settings, the held-out set its layout
             check_resume_for_world(job_config, run_settings(job_config), world_size, FlexDemoConfigError)
+            check_heldout_layout(job_config, world_size)
     check_tokenizer_available(job_config)
     if memory_estimate and hasattr(job_config, "flexdemo"):
         check_memory(job_config, world_size)

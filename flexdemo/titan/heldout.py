@@ -10,6 +10,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.tools.logging import logger
 
 from flexdemo.data.assets import load_corpus
+from flexdemo.data.audit import gathered_digest
 from flexdemo.data.dataset import SPLITS
 from flexdemo.data.heldout import HeldOutTokens, HeldOutWindows
 
@@ -24,9 +25,11 @@ def build_heldout_dataloader(job_config, dp_world_size: int, dp_rank: int, token
     held_out = HeldOutTokens(documents, tokenizer, val.seq_len, name=name)
     dataset = HeldOutWindows(held_out, dp_rank, dp_world_size, val.local_batch_size, val.steps)
     read = dataset.per_rank * dp_world_size
+    # the digest `python -m flexdemo.data audit` prints: runs that log the same one scored the same tokens
+    digest = gathered_digest(held_out, dp_world_size, val.local_batch_size, val.steps)
     logger.info(
         f"{name}: {held_out.num_windows} windows of {val.seq_len} + 1 tokens from {len(held_out.document_starts)} "
         f"documents; each validation scores windows 0..{read - 1} ({read * val.seq_len:,} tokens), "
-        f"rank {dp_rank} of {dp_world_size} every {dp_world_size}th from window {dp_rank}")
+        f"rank {dp_rank} of {dp_world_size} every {dp_world_size}th from window {dp_rank}; heldout_digest={digest}")
     return ParallelAwareDataloader(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
                                    batch_size=val.local_batch_size)

@@ -20,8 +20,9 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.tools.logging import logger
 
-from flexdemo.data.assets import ensure_assets, load_corpus, read_manifest
+from flexdemo.data.assets import corpus_sha256, ensure_assets, load_corpus, read_manifest
 from flexdemo.data.dataset import SPLITS, StdlibTextDataset
+from flexdemo.data.same_data import check_same_data_on_all_ranks
 from flexdemo.section import FlexDemoConfigError
 
 from ..data_position import ReshardingMixin, saved_world_size_to_reshard
@@ -61,11 +62,13 @@ class FlexDataLoader(ReshardingMixin, ParallelAwareDataloader):
             raise FlexDemoConfigError(f"{name} supports dataloader num_workers 0 or 1")
         corpus, split = SPLITS[name]
         assets = ensure_assets(config.dataset_path or None, corpus=corpus)
+        check_same_data_on_all_ranks(assets, tokenizer, name)  # (as 0.2.2's loader)
         documents = load_corpus(assets)[split]
         tokens = read_manifest(assets).get("estimated_tokens", {}).get(split)
         size = f", ~{tokens / 1e6:.1f} M tokens" if tokens else ""
         if not dist.is_initialized() or dist.get_rank() == 0:
-            logger.info(f"{name}: {len(documents)} documents{size} from {assets}, dp world {dp_world_size}")
+            logger.info(f"{name}: {len(documents)} documents{size} from {assets} "
+                        f"(corpus_sha256={corpus_sha256(assets)}), dp world {dp_world_size}")
         dataset = StdlibTextDataset(documents, tokenizer, seq_len=seq_len, dp_rank=dp_rank,
                                     dp_world_size=dp_world_size, infinite=config.infinite,
                                     seed=config.seed, name=name)
@@ -78,14 +81,15 @@ class FlexDataLoader(ReshardingMixin, ParallelAwareDataloader):
 class TextDataLoader(HuggingFaceTextDataLoader):
     @dataclass(kw_only=True, slots=True)
     class Config(HuggingFaceTextDataLoader.Config):
-        seq_len: int = 0
+        # (named apart from build()'s seq_len / local_batch_size kwargs, which 0.3.0 refuses to shadow)
+        validation_seq_len: int = 0
         """The validator's sequence length when it differs from the training's (0: the training's)."""
-        local_batch_size: int = 0
+        validation_local_batch_size: int = 0
         """The validator's local batch size when it differs from the training's (0: the training's)."""
 
     def __init__(self, config: Config, *, seq_len: int, local_batch_size: int, **kwargs) -> None:
-        super().__init__(config, seq_len=config.seq_len or seq_len,
-                         local_batch_size=config.local_batch_size or local_batch_size, **kwargs)
+        super().__init__(config, seq_len=config.validation_seq_len or seq_len,
+                         local_batch_size=config.validation_local_batch_size or local_batch_size, **kwargs)
 
     def __iter__(self):
         for input_dict, labels in super().__iter__():

@@ -43,10 +43,12 @@ def check(argv: list[str], world_size: int | None):
     validate(config, world_size)
     if world_size is not None:
         from ..checkpoint import check_resume_for_world
+        from ..checks import check_heldout_layout
         from .legacy import legacy_view
         from .settings import run_settings
 
         check_resume_for_world(legacy_view(config), run_settings(config), world_size, FlexDemoConfigError)
+        check_heldout_layout(legacy_view(config), world_size)  # (0.3.0 builds its loader at each validation)
     return config
 
 

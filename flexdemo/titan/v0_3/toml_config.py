@@ -228,6 +228,7 @@ def _validator(val: dict[str, Any], training, parallelism: dict[str, Any]) -> Va
                                   "make them equal")
     dataset = val.get("dataset", "flexdemo_stdlib_validation")
     steps = val.get("steps", -1)
+    own = {f"validation_{key}": value for key, value in own.items()}  # the loaders' Config fields
     if dataset.lower() in SPLITS:
         loader = HeldOutLoader.Config(dataset=dataset, dataset_path=val.get("dataset_path", ""), steps=steps, **own)
     else:
