@@ -5,12 +5,15 @@ mean(d) +- t(0.975, n - 1) sd(d) / sqrt(n) (flexdemo.plan.intervals), as a Markd
 
   python3 benchmarks/paired_seeds.py docs/results/FOLDER [--baseline adamw] [--seeds 11 22 33 44] [--step N]
 
-Runs that stopped at different steps (a run killed when a device session ended) are refused unless
---step names a validation step they all reached: a killed run's last loss is not a final.
+Runs that stopped before their training.steps (a run killed when a device session ended), or at
+different steps, are refused unless --step names a validation step they all reached: a killed run's
+last loss is not a final, even where every run of a batch was killed at once.
 Runs paired must have read the same data: where runs.csv records what each read (the training
 corpus's sha256 and the held-out windows' digest, from its log), runs that differ, or that do not
 say beside runs that do, are refused (batches run in different device sessions build the corpus
-anew on each machine).
+anew on each machine). So are runs on different GPU models (the card torchtitan's log names): one
+seed's AdamW run on an H100 and on an H200 read the same data and start bit-identical, then part by
+0.4-0.9% of held-out loss by step 798 (results 11), as much as two seeds do.
 
 A verdict column applies the results page's words: "at or below AdamW" only where the interval's
 upper end is <= 0, "within +1%" where it is <= +1%, "above" where its lower end is > 0, else
@@ -45,35 +48,59 @@ def finals(runs_csv: Path, step: int | None = None) -> dict[str, float]:
     series = held_out(runs_csv)
     if step is not None:
         return {run: losses[step] for run, losses in series.items() if step in losses}
-    return last_losses(series)
+    return last_losses(series, steps_planned(runs_csv))
 
 
-def data_read(runs_csv: Path) -> dict[str, tuple[str, str]]:
-    """run -> (corpus sha256, held-out digest) as runs.csv records them; ("", "") where it does not."""
-    out: dict[str, tuple[str, str]] = {}
+def steps_planned(runs_csv: Path) -> dict[str, int]:
+    """run -> the training.steps its log names (runs whose log, or CSV, does not say left out)."""
+    with open(runs_csv) as f:
+        return {row["run"]: int(row["steps_planned"]) for row in csv.DictReader(f) if row.get("steps_planned")}
+
+
+def data_read(runs_csv: Path) -> dict[str, tuple[str, str, str]]:
+    """run -> (corpus sha256, held-out digest, card) as runs.csv records them; "" for what it does not."""
+    out: dict[str, tuple[str, str, str]] = {}
     with open(runs_csv) as f:
         for row in csv.DictReader(f):
-            corpus, heldout = row.get("corpus_sha256") or "", row.get("heldout_digest") or ""
-            if corpus or heldout or row["run"] not in out:
-                out[row["run"]] = (corpus, heldout)
+            said = tuple(row.get(key) or "" for key in ("corpus_sha256", "heldout_digest", "card"))
+            if any(said) or row["run"] not in out:
+                out[row["run"]] = said
     return out
 
 
-def check_same_data(data: dict[str, tuple[str, str]], runs: list[str]) -> None:
-    """ValueError naming the groups where ``runs`` did not all read the same data (what a run does
-    not record counts as a difference from one that does; runs none of which record it pass)."""
-    groups: dict[tuple[str, str], list[str]] = {}
+def _groups(runs: list[str], key) -> dict:
+    groups: dict = {}
     for run in runs:
-        groups.setdefault(data.get(run, ("", "")), []).append(run)
-    if len(groups) > 1:
+        groups.setdefault(key(run), []).append(run)
+    return groups
+
+
+def check_same_data(data: dict[str, tuple[str, ...]], runs: list[str]) -> None:
+    """ValueError naming the groups where ``runs`` did not all read the same data, or ran on different
+    cards (what a run does not record counts as a difference from one that does; runs none of which
+    record it pass)."""
+    read = _groups(runs, lambda run: data.get(run, ("", ""))[:2])
+    if len(read) > 1:
         raise ValueError("runs read different data (corpus sha256 / held-out digest): " + "; ".join(
             f"{corpus or 'not logged'} / {heldout[:16] or 'not logged'}: {', '.join(sorted(names))}"
-            for (corpus, heldout), names in sorted(groups.items())))
+            for (corpus, heldout), names in sorted(read.items())))
+    cards = _groups(runs, lambda run: (data.get(run, ()) + ("", "", ""))[2])
+    if len(cards) > 1:
+        raise ValueError("runs ran on different cards, whose numerics part one seed's trajectories: " + "; ".join(
+            f"{card or 'not logged'}: {', '.join(sorted(names))}" for card, names in sorted(cards.items())))
 
 
-def last_losses(series: dict[str, dict[int, float]]) -> dict[str, float]:
-    """run -> its last held-out loss, where every run's last validation step is the same one."""
+def last_losses(series: dict[str, dict[int, float]], planned: dict[str, int | None] | None = None
+                ) -> dict[str, float]:
+    """run -> its last held-out loss, where every run's last validation step is the same one and, where
+    ``planned`` says (run -> its training.steps), the step it was to end at."""
     last = {run: max(losses) for run, losses in series.items() if losses}
+    planned = planned or {}
+    short = {run: (s, planned[run]) for run, s in last.items() if planned.get(run) and s < planned[run]}
+    if short:
+        raise ValueError("runs stopped before their last step (" +
+                         ", ".join(f"{run} validated last at {s} of {end}" for run, (s, end) in sorted(short.items())) +
+                         "): no final; compare them at a step they all reached (--step N)")
     if len(set(last.values())) > 1:
         raise ValueError("runs end at different validation steps (" +
                          ", ".join(f"{run} {s}" for run, s in sorted(last.items())) +
@@ -114,15 +141,17 @@ def paired_runs(baseline: str, base: dict[str, float], settings: dict[str, dict[
 
 
 def table(final: dict[str, float], baseline: str, seeds: list[str] | None = None, step: int | None = None,
-          data: dict[str, tuple[str, str]] | None = None) -> str:
-    """The Markdown table; with ``data`` (run -> what it read) the paired runs must have read the same."""
+          data: dict[str, tuple[str, ...]] | None = None) -> str:
+    """The Markdown table; with ``data`` (run -> what it read, and on which card) the paired runs must
+    have read the same data on the same card."""
     base, settings = paired(final, baseline, seeds)
     read = ""
     if data is not None:
         runs = paired_runs(baseline, base, settings)
         check_same_data(data, runs)
-        corpus, heldout = data.get(runs[0], ("", ""))
+        corpus, heldout, card = (data.get(runs[0], ()) + ("", "", ""))[:3]
         read = f", corpus {corpus}, held-out digest {heldout[:16]}" if heldout else ""
+        read += f", on {card}" if card else ""
     spread = statistics.stdev(base.values()) / statistics.fmean(base.values()) if len(base) > 1 else float("nan")
     lines = [f"{baseline}: seeds {', '.join(sorted(base))}, {f'held-out at step {step}' if step else 'finals'} "
              f"{' / '.join(f'{base[s]:.4f}' for s in sorted(base))}, std / mean {spread:.2%}{read}", "",

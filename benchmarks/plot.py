@@ -55,9 +55,11 @@ class Series:
     seconds: list[float | None]
 
 
-# corpus_sha256 / heldout_digest: what the run read (its first row only; empty where its log does not say)
+# corpus_sha256 / heldout_digest / card: what the run read and ran on; steps_planned: its training.steps
+# (a run that stopped before them has no final). Its first row only; empty where its log does not say.
 FIELDS = ("run", "step", "tokens", "loss", "val_loss", "seconds", "val_seconds", "tokens_per_s",
-          "bytes_sent", "bytes_received_total", "bytes_modelled", "corpus_sha256", "heldout_digest")
+          "bytes_sent", "bytes_received_total", "bytes_modelled", "corpus_sha256", "heldout_digest", "card",
+          "steps_planned")
 
 
 def _cell(x, fmt: str = "") -> str:
@@ -76,9 +78,11 @@ def csv_rows(run: RunLog) -> list[dict]:
                      "val_seconds": _cell(run.validation_time.get(s), ".2f"),
                      "tokens_per_s": _cell(run.tps.get(s), ".0f"), "bytes_sent": _cell(x and x.sent),
                      "bytes_received_total": _cell(x and x.received_total),
-                     "bytes_modelled": int(run.bytes_modelled), "corpus_sha256": "", "heldout_digest": ""})
+                     "bytes_modelled": int(run.bytes_modelled), "corpus_sha256": "", "heldout_digest": "", "card": "",
+                     "steps_planned": ""})
     if rows:
-        rows[0].update(corpus_sha256=run.corpus_sha256, heldout_digest=run.heldout_digest)
+        rows[0].update(corpus_sha256=run.corpus_sha256, heldout_digest=run.heldout_digest, card=run.card,
+                       steps_planned=_cell(run.steps_planned))
     return rows
 
 
@@ -111,6 +115,9 @@ def read_csv(path: Path) -> dict[str, RunLog]:
             run.bytes_modelled = run.bytes_modelled or row["bytes_modelled"] == "1"
             run.corpus_sha256 = run.corpus_sha256 or row.get("corpus_sha256") or ""  # (CSVs before the column)
             run.heldout_digest = run.heldout_digest or row.get("heldout_digest") or ""
+            run.card = run.card or row.get("card") or ""
+            if row.get("steps_planned"):
+                run.steps_planned = int(row["steps_planned"])
     return runs
 
 
@@ -346,9 +353,9 @@ def interval_frontier(runs: dict[str, RunLog], out_dir: Path, baseline: str, see
     from paired_seeds import last_losses, paired, table as paired_table, verdict
     from flexdemo.plan.intervals import paired_interval
 
-    final = last_losses({n: r.validation for n, r in runs.items()})
-    data = {n: (r.corpus_sha256, r.heldout_digest) for n, r in runs.items()}
-    text = paired_table(final, baseline, seeds, data=data)  # refuses runs that read different data
+    final = last_losses({n: r.validation for n, r in runs.items()}, {n: r.steps_planned for n, r in runs.items()})
+    data = {n: (r.corpus_sha256, r.heldout_digest, r.card) for n, r in runs.items()}
+    text = paired_table(final, baseline, seeds, data=data)  # refuses runs that read different data or cards
     _, settings = paired(final, baseline, seeds)
     ring = ring_bytes([r for n, r in runs.items() if n.rpartition("_s")[0] == baseline])
     fig, ax = plt.subplots(figsize=(10, 5))

@@ -19,10 +19,12 @@ XCHG = re.compile(r"\[rank0\].*flexdemo step:\s*(\d+)\s+sent_bytes(?:_modelled)?
                   r"\s+received_bytes(?:_modelled)?:\s*(\d+)"
                   r"\s+sent_bytes_total(?:_modelled)?:\s*(\d+)\s+received_bytes_total(?:_modelled)?:\s*(\d+)"
                   r".*?optimizer_step_ms:\s*([\d.]+)(?:\s+exchange_ms:\s*([\d.]+))?")
-BATCH = re.compile(r"\[rank0\].*global batch size (\d+), .*?sequence length (\d+)")
+BATCH = re.compile(r"\[rank0\].*global batch size (\d+), .*?sequence length (\d+)(?:, total steps (\d+))?")
 # what the run read (flexdemo's corpora): the training corpus's sha256 and the held-out windows' digest
 CORPUS = re.compile(r"\[rank0\].*corpus_sha256=([0-9a-f]+)")
 HELDOUT = re.compile(r"\[rank0\].*heldout_digest=([0-9a-f]+)")
+# the GPU model it ran on: two cards' kernels part one seed's trajectories (results 11)
+CARD = re.compile(r"\[rank0\].*CUDA capacity: (.+?) with [\d.]+GiB memory")
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Exchange:
 class RunLog:
     name: str
     tokens_per_step: int | None = None  # global batch x sequence length
+    steps_planned: int | None = None  # the run's training.steps, as the trainer logs it
     loss: dict[int, float] = field(default_factory=dict)
     tps: dict[int, float] = field(default_factory=dict)  # tokens/s per GPU, as torchtitan logs it
     memory_gib: dict[int, float] = field(default_factory=dict)
@@ -49,6 +52,7 @@ class RunLog:
     bytes_modelled: bool = False
     corpus_sha256: str = ""  # "" where the log does not say (a torchtitan dataset, or logs before it did)
     heldout_digest: str = ""
+    card: str = ""  # "" where the log does not say (a CPU run)
 
 
 def _stamp(line: str) -> float | None:
@@ -76,10 +80,13 @@ def parse(path: str | Path, name: str | None = None) -> RunLog:
             run.bytes_modelled = run.bytes_modelled or "modelled" in line
         elif (m := BATCH.search(line)) and run.tokens_per_step is None:
             run.tokens_per_step = int(m[1]) * int(m[2])
+            run.steps_planned = int(m[3]) if m[3] else None
         elif m := CORPUS.search(line):
             run.corpus_sha256 = run.corpus_sha256 or m[1]
         elif m := HELDOUT.search(line):
             run.heldout_digest = run.heldout_digest or m[1]
+        elif m := CARD.search(line):
+            run.card = run.card or m[1]
     t0 = times.get(min(times)) if times else None
     if t0 is not None:
         run.t0 = t0

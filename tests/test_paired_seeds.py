@@ -61,10 +61,14 @@ def test_partial_runs_are_compared_only_at_a_step_they_all_reached(tmp_path):
         paired_seeds.main([str(tmp_path)])
 
 
-def _log(path, corpus, heldout, loss):
-    """A run's console log as flexdemo's loaders and torchtitan's validator write it (rank 0)."""
+def _log(path, corpus, heldout, loss, card="", steps=1):
+    """A run's console log as flexdemo's loaders and torchtitan's trainer and validator write it (rank 0):
+    ``steps`` its training.steps (it validates once, at step 1)."""
     at = "[rank0]:[titan] 2026-12-05 10:00:00,000 - root - INFO - "
-    lines = [f"flexdemo_pysource2: 9 documents, ~0.1 M tokens from /cache/x (corpus_sha256={corpus}), dp 0/2"
+    lines = [f"CUDA capacity: {card} with 79.18GiB memory" if card else "Building llama3 small",
+             "Trainer is initialized with local batch size 8, global batch size 16, gradient accumulation steps 1, "
+             f"sequence length 16, total steps {steps} (warmup 2)",
+             f"flexdemo_pysource2: 9 documents, ~0.1 M tokens from /cache/x (corpus_sha256={corpus}), dp 0/2"
              if corpus else "c4: a dataset of torchtitan's", "step:  1  loss:  7.0  grad_norm:  1.0  memory:  1.00GiB(1.00%)  "
              "tps: 1,000  tflops: 0.1  mfu: 0.01%",
              f"flexdemo_pysource2_validation: 64 windows of 16 + 1 tokens from 9 documents; each validation scores "
@@ -99,3 +103,50 @@ def test_runs_that_read_different_data_are_not_paired(tmp_path):
     with pytest.raises(SystemExit, match="read different data"):
         paired_seeds.main([str(tmp_path)])  # (the last CSV written: k8_s1 says nothing)
     table(other_s3=("", "", 9.0))  # a run outside the pairing (no baseline on its seed) is not compared
+
+
+def test_runs_on_different_cards_are_not_paired(tmp_path):
+    # One seed on an H100 and on an H200 reads the same data and starts bit-identical, then parts by as
+    # much as two seeds do: a pairing across cards would count the card as the setting's effect.
+    import plot
+    import titan_logs
+
+    same = ("ab12" * 4, "cd34" * 16)
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    runs = {"adamw_s1": (*same, 2.0, h100), "adamw_s2": (*same, 2.5, h100),
+            "k8_s1": (*same, 2.2, h100), "k8_s2": (*same, 2.75, h100)}
+
+    def table(**changed):
+        for name, (corpus, heldout, loss, card) in {**runs, **changed}.items():
+            _log(tmp_path / f"{name}.log", corpus, heldout, loss, card)
+        plot.write_csv(tmp_path / "runs.csv", [titan_logs.parse(p) for p in sorted(tmp_path.glob("*.log"))])
+        final = paired_seeds.finals(tmp_path / "runs.csv")
+        return paired_seeds.table(final, "adamw", data=paired_seeds.data_read(tmp_path / "runs.csv"))
+
+    text = table()
+    assert f"on {h100}" in text and "+10.0% / +10.0%" in text
+    assert plot.read_csv(tmp_path / "runs.csv")["k8_s2"].card == h100  # the CSV keeps it
+    with pytest.raises(ValueError, match=rf"different cards.*{h200}: k8_s2"):
+        table(k8_s2=(*same, 2.75, h200))
+    with pytest.raises(ValueError, match=r"different cards.*not logged: adamw_s1"):
+        table(adamw_s1=(*same, 2.0, ""))  # a log that does not name its card beside ones that do
+
+
+def test_runs_all_stopped_before_their_end_have_no_finals(tmp_path):
+    # A device session that ends kills a whole batch at once: every run's last validation is the same
+    # step, but not the one it was to end at. Its losses there are no finals.
+    import plot
+    import titan_logs
+
+    same = ("ab12" * 4, "cd34" * 16)
+    for name, loss in {"adamw_s1": 2.0, "adamw_s2": 2.5, "k8_s1": 2.2, "k8_s2": 2.75}.items():
+        _log(tmp_path / f"{name}.log", *same, loss, steps=3990)
+    plot.write_csv(tmp_path / "runs.csv", [titan_logs.parse(p) for p in sorted(tmp_path.glob("*.log"))])
+    assert plot.read_csv(tmp_path / "runs.csv")["k8_s1"].steps_planned == 3990
+    with pytest.raises(SystemExit, match="stopped before their last step.*adamw_s1 validated last at 1 of 3990"):
+        paired_seeds.main([str(tmp_path)])
+    assert "+10.0% / +10.0%" in paired_seeds.table(paired_seeds.finals(tmp_path / "runs.csv", step=1), "adamw", step=1)
+    for name in ("adamw_s1", "adamw_s2", "k8_s1", "k8_s2"):  # the same runs, ended where they were to
+        _log(tmp_path / f"{name}.log", *same, {"adamw_s1": 2.0, "adamw_s2": 2.5, "k8_s1": 2.2, "k8_s2": 2.75}[name])
+    plot.write_csv(tmp_path / "runs.csv", [titan_logs.parse(p) for p in sorted(tmp_path.glob("*.log"))])
+    assert paired_seeds.main([str(tmp_path)]) == 0
