@@ -98,7 +98,8 @@ def last_losses(series: dict[str, dict[int, float]], planned: dict[str, int | No
     planned = planned or {}
     short = {run: (s, planned[run]) for run, s in last.items() if planned.get(run) and s < planned[run]}
     if short:
-        raise ValueError("runs stopped before their last step (" +
+        raise ValueError("runs without a held-out loss at their last step, killed before it or with a validation.freq "
+                         "that does not divide it (" +
                          ", ".join(f"{run} validated last at {s} of {end}" for run, (s, end) in sorted(short.items())) +
                          "): no final; compare them at a step they all reached (--step N)")
     if len(set(last.values())) > 1:

@@ -143,7 +143,7 @@ def test_runs_all_stopped_before_their_end_have_no_finals(tmp_path):
         _log(tmp_path / f"{name}.log", *same, loss, steps=3990)
     plot.write_csv(tmp_path / "runs.csv", [titan_logs.parse(p) for p in sorted(tmp_path.glob("*.log"))])
     assert plot.read_csv(tmp_path / "runs.csv")["k8_s1"].steps_planned == 3990
-    with pytest.raises(SystemExit, match="stopped before their last step.*adamw_s1 validated last at 1 of 3990"):
+    with pytest.raises(SystemExit, match="without a held-out loss at their last step.*adamw_s1 validated last at 1 of 3990"):
         paired_seeds.main([str(tmp_path)])
     assert "+10.0% / +10.0%" in paired_seeds.table(paired_seeds.finals(tmp_path / "runs.csv", step=1), "adamw", step=1)
     for name in ("adamw_s1", "adamw_s2", "k8_s1", "k8_s2"):  # the same runs, ended where they were to
