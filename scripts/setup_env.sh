@@ -13,5 +13,6 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   fi
 fi
 # torchtitan 0.2.2 here: the GPU machines' version, under the whole test suite (0.3.0 in a venv
-# of its own: scripts/setup_torchtitan_0_3.sh).
-"$PY" -m pip install -q -e ".[test,ft]" "torchtitan==${TORCHTITAN_VERSION:-0.2.2}"
+# of its own: scripts/setup_torchtitan_0_3.sh). The bench extra (matplotlib) lets the tests of
+# benchmarks/plot.py run instead of skipping on a machine without it.
+"$PY" -m pip install -q -e ".[test,ft,bench]" "torchtitan==${TORCHTITAN_VERSION:-0.2.2}"
