@@ -75,16 +75,19 @@ def _groups(runs: list[str], key) -> dict:
     return groups
 
 
-def check_same_data(data: dict[str, tuple[str, ...]], runs: list[str]) -> None:
+NOT_SAID = ("", "", "")  # a run data_read has no row for
+
+
+def check_same_data(data: dict[str, tuple[str, str, str]], runs: list[str]) -> None:
     """ValueError naming the groups where ``runs`` did not all read the same data, or ran on different
     cards (what a run does not record counts as a difference from one that does; runs none of which
     record it pass)."""
-    read = _groups(runs, lambda run: data.get(run, ("", ""))[:2])
+    read = _groups(runs, lambda run: data.get(run, NOT_SAID)[:2])
     if len(read) > 1:
         raise ValueError("runs read different data (corpus sha256 / held-out digest): " + "; ".join(
             f"{corpus or 'not logged'} / {heldout[:16] or 'not logged'}: {', '.join(sorted(names))}"
             for (corpus, heldout), names in sorted(read.items())))
-    cards = _groups(runs, lambda run: (data.get(run, ()) + ("", "", ""))[2])
+    cards = _groups(runs, lambda run: data.get(run, NOT_SAID)[2])
     if len(cards) > 1:
         raise ValueError("runs ran on different cards, whose numerics part one seed's trajectories: " + "; ".join(
             f"{card or 'not logged'}: {', '.join(sorted(names))}" for card, names in sorted(cards.items())))
@@ -142,7 +145,7 @@ def paired_runs(baseline: str, base: dict[str, float], settings: dict[str, dict[
 
 
 def table(final: dict[str, float], baseline: str, seeds: list[str] | None = None, step: int | None = None,
-          data: dict[str, tuple[str, ...]] | None = None) -> str:
+          data: dict[str, tuple[str, str, str]] | None = None) -> str:
     """The Markdown table; with ``data`` (run -> what it read, and on which card) the paired runs must
     have read the same data on the same card."""
     base, settings = paired(final, baseline, seeds)
@@ -150,7 +153,7 @@ def table(final: dict[str, float], baseline: str, seeds: list[str] | None = None
     if data is not None:
         runs = paired_runs(baseline, base, settings)
         check_same_data(data, runs)
-        corpus, heldout, card = (data.get(runs[0], ()) + ("", "", ""))[:3]
+        corpus, heldout, card = data.get(runs[0], NOT_SAID)
         read = f", corpus {corpus}, held-out digest {heldout[:16]}" if heldout else ""
         read += f", on {card}" if card else ""
     spread = statistics.stdev(base.values()) / statistics.fmean(base.values()) if len(base) > 1 else float("nan")

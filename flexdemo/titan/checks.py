@@ -10,6 +10,11 @@ from flexdemo.section import fail as _fail
 from .elastic import check_elastic
 
 
+def _non_dp_degree(p) -> int:
+    """Ranks of one data-parallel slot: tensor x pipeline x context parallel."""
+    return p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree
+
+
 def validate_job_config(job_config, world_size: int | None) -> None:
     """Cross-section checks; raises FlexDemoConfigError with one clear message."""
     c: FlexDemo = job_config.flexdemo
@@ -18,7 +23,7 @@ def validate_job_config(job_config, world_size: int | None) -> None:
     # which runs after this check in every rank) sees steps.
     c.replica_check_interval = replica_check_steps(c)
     p = job_config.parallelism
-    non_dp = p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree
+    non_dp = _non_dp_degree(p)
     if world_size is not None:
         rep = p.data_parallel_replicate_degree
         if rep < 1 or world_size % (rep * non_dp) != 0:
@@ -89,7 +94,7 @@ def check_heldout_layout(job_config, world_size: int) -> None:
     v, p = job_config.validation, job_config.parallelism
     if not v.enable:
         return
-    dp = world_size // (p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree)
+    dp = world_size // _non_dp_degree(p)
     try:
         check_layout(v.dataset, v.dataset_path, job_config.model.hf_assets_path, v.seq_len, dp,
                      v.local_batch_size, v.steps)

@@ -47,8 +47,9 @@ def check(argv: list[str], world_size: int | None):
         from .legacy import legacy_view
         from .settings import run_settings
 
-        check_resume_for_world(legacy_view(config), run_settings(config), world_size, FlexDemoConfigError)
-        check_heldout_layout(legacy_view(config), world_size)  # (0.3.0 builds its loader at each validation)
+        legacy = legacy_view(config)
+        check_resume_for_world(legacy, run_settings(config), world_size, FlexDemoConfigError)
+        check_heldout_layout(legacy, world_size)  # (0.3.0 builds its loader at each validation)
     return config
 
 
