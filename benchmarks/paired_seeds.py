@@ -3,7 +3,11 @@ for every setting NAME with runs NAME_sSEED and a baseline run BASELINE_sSEED on
 d_i = final held-out loss / the baseline's on seed i - 1, and the 95% interval
 mean(d) +- t(0.975, n - 1) sd(d) / sqrt(n) (flexdemo.plan.intervals), as a Markdown table.
 
-  python3 benchmarks/paired_seeds.py docs/results/FOLDER [--baseline adamw] [--seeds 11 22 33 44] [--step N]
+  python3 benchmarks/paired_seeds.py docs/results/FOLDER [FOLDER ...] [--baseline adamw] [--seeds 11 22 33 44]
+      [--step N]
+
+Several folders are read as one (a comparison whose batches were kept in separate folders); a run
+name found in two is refused.
 
 Runs that stopped before their training.steps (a run killed when a device session ended), or at
 different steps, are refused unless --step names a validation step they all reached: a killed run's
@@ -26,6 +30,7 @@ import argparse
 import csv
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -171,17 +176,43 @@ def table(final: dict[str, float], baseline: str, seeds: list[str] | None = None
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("folder")
+    ap.add_argument("folders", nargs="+", metavar="folder")
     ap.add_argument("--baseline", default="adamw")
     ap.add_argument("--seeds", nargs="*", default=None, help="only these seeds (e.g. the claim seeds, not the tuning ones)")
     ap.add_argument("--step", type=int, default=None, help="the held-out loss at this validation step, not the last")
     args = ap.parse_args(argv)
-    runs_csv = Path(args.folder) / "runs.csv"
-    try:
-        print(table(finals(runs_csv, args.step), args.baseline, args.seeds, args.step, data_read(runs_csv)))
-    except ValueError as e:
-        sys.exit(f"paired_seeds: {e}")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            runs_csv = merged_runs_csv([Path(f) / "runs.csv" for f in args.folders], Path(tmp) / "runs.csv")
+            print(table(finals(runs_csv, args.step), args.baseline, args.seeds, args.step, data_read(runs_csv)))
+        except ValueError as e:
+            sys.exit(f"paired_seeds: {e}")
     return 0
+
+
+def merged_runs_csv(sources: list[Path], into: Path) -> Path:
+    """One runs.csv holding every source's rows (their columns' union); a run in two sources is refused,
+    since which of its rows is the run could not be told."""
+    if len(sources) == 1:
+        return sources[0]
+    rows: list[dict] = []
+    columns: list[str] = []
+    found_in: dict[str, Path] = {}
+    for source in sources:
+        with open(source) as f:
+            reader = csv.DictReader(f)
+            columns += [c for c in reader.fieldnames or [] if c not in columns]
+            mine = list(reader)
+        for run in {row["run"] for row in mine}:
+            if run in found_in:
+                raise ValueError(f"run {run} is in both {found_in[run]} and {source}")
+            found_in[run] = source
+        rows += mine
+    with open(into, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return into
 
 
 if __name__ == "__main__":

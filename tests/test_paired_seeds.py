@@ -150,3 +150,18 @@ def test_runs_all_stopped_before_their_end_have_no_finals(tmp_path):
         _log(tmp_path / f"{name}.log", *same, {"adamw_s1": 2.0, "adamw_s2": 2.5, "k8_s1": 2.2, "k8_s2": 2.75}[name])
     plot.write_csv(tmp_path / "runs.csv", [titan_logs.parse(p) for p in sorted(tmp_path.glob("*.log"))])
     assert paired_seeds.main([str(tmp_path)]) == 0
+
+
+def test_batches_in_separate_folders_pair_as_one(tmp_path, capsys):
+    # A comparison whose baseline and settings ran in different sessions, kept in two folders.
+    base, batch = tmp_path / "baseline", tmp_path / "batch"
+    base.mkdir(), batch.mkdir()
+    _csv(base / "runs.csv", {"adamw_s1": [3.0, 2.0], "adamw_s2": [3.0, 2.5]})
+    _csv(batch / "runs.csv", {"fast_s1": [3.0, 2.2], "fast_s2": [3.0, 2.75]})
+    with pytest.raises(SystemExit, match="no adamw_sSEED runs"):
+        paired_seeds.main([str(batch)])
+    assert paired_seeds.main([str(base), str(batch)]) == 0
+    assert "| fast | 1, 2 | +10.0% / +10.0% |" in capsys.readouterr().out
+    _csv(batch / "runs.csv", {"fast_s1": [3.0, 2.2], "adamw_s2": [3.0, 2.4]})  # a run in both: which is it?
+    with pytest.raises(SystemExit, match="run adamw_s2 is in both .*baseline/runs.csv and .*batch/runs.csv"):
+        paired_seeds.main([str(base), str(batch)])
