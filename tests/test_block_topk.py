@@ -14,6 +14,7 @@ from flexdemo.compression.buckets import build_plan
 from flexdemo.wire.dct import block_layout
 from flexdemo.wire.format import BlockTopks, block_topks, payload_nbytes
 from reference_demo import reference_block_topks
+from torchtitan_version import needs_torchtitan_0_2
 
 
 @pytest.mark.parametrize("shape", [(4096, 4096), (1366, 4096), (100, 130), (16, 2048), (2048,), (300,), (7,), (),
@@ -89,6 +90,7 @@ def _llama_debug_shapes():
         return [tuple(p.shape) for p in Transformer(llama3_args["debugmodel"]).parameters()]
 
 
+@needs_torchtitan_0_2
 @pytest.mark.parametrize("encoding", ["sign", "fp32"])
 def test_bytes_per_parameter_do_not_depend_on_the_shard_count(encoding):
     # FSDP2 cuts dim 0 like torch.chunk. The CPU debug model (small matrices, norms) sent 1.23x
@@ -163,6 +165,7 @@ def _replica_bytes(flavor: str, tp: int, fsdp: int) -> int:
     return total
 
 
+@needs_torchtitan_0_2
 @pytest.mark.parametrize("flavor", ["debugmodel", "8B"])
 def test_bytes_per_replica_do_not_depend_on_tensor_and_fsdp_degrees(flavor):
     per_layout = {(tp, fsdp): _replica_bytes(flavor, tp, fsdp) for tp in (1, 2, 4, 8) for fsdp in (1, 2, 3)}

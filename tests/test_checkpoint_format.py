@@ -9,6 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from torchtitan_version import skip_module_unless_torchtitan_0_2
+
+skip_module_unless_torchtitan_0_2()
+
 from flexdemo.run_settings import RunSettings
 from flexdemo.titan import checkpoint
 from flexdemo.titan.config import FlexDemo, FlexDemoConfigError

@@ -10,6 +10,10 @@ import re
 
 import pytest
 
+from torchtitan_version import skip_module_unless_torchtitan_0_2
+
+skip_module_unless_torchtitan_0_2()
+
 from titan_launch import CONFIGS, launch
 
 BASE = (CONFIGS / "cpu_2x2_flexdemo.toml").read_text()

@@ -17,6 +17,7 @@ from flexdemo.data import pysource2
 from flexdemo.data.audit import audit_split
 from flexdemo.data.heldout import HeldOutTokens, HeldOutWindows
 from flexdemo.data.near_dedup import NUM_PERM, near_duplicate_clusters, signatures
+from torchtitan_version import needs_torchtitan_0_2
 
 WORDS = [f"w{i}" for i in range(4000)]
 
@@ -233,6 +234,7 @@ def stdlib_dir(tmp_path_factory):
     return ensure_assets(tmp_path_factory.mktemp("assets") / "stdlib")
 
 
+@needs_torchtitan_0_2
 def test_the_validators_loader_yields_what_the_audit_digests(stdlib_dir):
     from torchtitan.components.tokenizer import build_hf_tokenizer
     from torchtitan.config import ConfigManager

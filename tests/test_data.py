@@ -13,6 +13,7 @@ import torch
 from flexdemo.data import assets, corpus, ensure_assets, load_corpus, read_manifest
 from flexdemo.data.tokenizer import BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE
 from titan_launch import write_own_tokenizer
+from torchtitan_version import needs_torchtitan_0_2
 
 @pytest.fixture(scope="module")
 def assets_dir(tmp_path_factory):
@@ -191,6 +192,7 @@ def test_pysource_assets_are_deterministic_and_report_their_size(pysource_dir, a
         ensure_assets(pysource_dir, corpus="stdlib")
 
 
+@needs_torchtitan_0_2
 def test_pysource_dataset_serves_through_the_dataloader(pysource_dir):
     from flexdemo.data.dataset import PYSOURCE_DATASET_NAME
     from flexdemo.titan.data import build_dataloader, build_tokenizer
@@ -219,6 +221,7 @@ def test_tokenizer_round_trips(assets_dir):
     assert len(tok.encode(text).ids) < 0.5 * len(text.encode("utf-8"))
 
 
+@needs_torchtitan_0_2
 def test_torchtitan_tokenizer_loads_with_bos_eos(assets_dir):
     from torchtitan.components.tokenizer import HuggingFaceTokenizer, build_hf_tokenizer
     from torchtitan.models.llama3 import llama3_args
@@ -246,6 +249,7 @@ def test_a_partial_build_is_redone(assets_dir, tmp_path):
         assert (partial / name).read_bytes() == Path(assets_dir, name).read_bytes()
 
 
+@needs_torchtitan_0_2
 def test_a_configs_own_tokenizer_is_kept(tmp_path):
     from flexdemo.titan.data import build_tokenizer, embedded_tokenizer_dir
 
@@ -262,6 +266,7 @@ def test_a_configs_own_tokenizer_is_kept(tmp_path):
     ("", "c4", True),                       # names no tokenizer at all
     ("missing", "c4", False),               # torchtitan's data and a path: the config's to fix
 ])
+@needs_torchtitan_0_2
 def test_embedded_tokenizer_only_where_the_config_needs_it(tmp_path, path, dataset, uses_embedded):
     from flexdemo.titan.data import build_tokenizer, check_tokenizer_available, embedded_tokenizer_dir
 
@@ -300,6 +305,7 @@ def test_dp_shards_are_disjoint_and_cover_everything():
     assert set().union(*sets) == set(docs)
 
 
+@needs_torchtitan_0_2
 def test_real_ranks_get_different_batches(assets_dir):
     from flexdemo.titan.data import build_dataloader
     from torchtitan.components.tokenizer import build_hf_tokenizer
@@ -316,6 +322,7 @@ def test_real_ranks_get_different_batches(assets_dir):
     assert not torch.equal(firsts[0], firsts[1])
 
 
+@needs_torchtitan_0_2
 def test_resume_is_bit_exact_through_parallel_aware_dataloader(assets_dir):
     from flexdemo.titan.data import build_dataloader
     from torchtitan.components.tokenizer import build_hf_tokenizer
@@ -365,6 +372,7 @@ def test_resume_across_epoch_boundary_and_epochs_reshuffle():
     assert sorted(document_order(10, 0, 1)) == list(range(10))
 
 
+@needs_torchtitan_0_2
 def test_other_datasets_delegate_to_torchtitan(assets_dir, monkeypatch):
     from flexdemo.titan import data as fd
 
@@ -375,6 +383,7 @@ def test_other_datasets_delegate_to_torchtitan(assets_dir, monkeypatch):
     assert calls and calls[0]["job_config"] is cfg
 
 
+@needs_torchtitan_0_2
 def test_validation_split_via_torchtitan_registry(assets_dir):
     from torchtitan.components.tokenizer import build_hf_tokenizer
     from torchtitan.hf_datasets.text_datasets import build_text_validation_dataloader

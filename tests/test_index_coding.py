@@ -15,6 +15,7 @@ from toy_problem import all_ranks_equal, backward_on, make_params, outer_sgd
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from exchange_bytes import count_collectives  # noqa: E402
+from torchtitan_version import needs_torchtitan_0_2
 
 
 def _demo_runs(rank, world, encoding, exchange, steps):
@@ -82,6 +83,7 @@ def test_demo_diloco_outer_step_with_elias_fano_is_the_fixed_one(settings):
     assert run_ranks(_outer_runs, 2, 3, settings) == [(True, True), (True, True)]
 
 
+@needs_torchtitan_0_2
 def test_unknown_index_coding_is_refused():
     with pytest.raises(ValueError, match="unknown index_coding 'huffman'"):
         DeMo(make_params(), lr=0.01, index_coding="huffman")

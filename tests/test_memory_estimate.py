@@ -7,6 +7,11 @@ import subprocess
 import sys
 
 import pytest
+
+from torchtitan_version import skip_module_unless_torchtitan_0_2
+
+skip_module_unless_torchtitan_0_2()
+
 import torch
 import torch.nn as nn
 from torchtitan.config import ConfigManager

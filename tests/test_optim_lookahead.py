@@ -11,6 +11,7 @@ from flexdemo import DeMo
 from multiproc import run_ranks
 from reference_demo import ReferenceDeMo, agrees_then_realign, differs_only_where_update_is_zero
 from toy_problem import all_ranks_equal, backward_on, make_params, run_from
+from torchtitan_version import needs_torchtitan_0_2
 
 # top-512 per full 64 x 64 block: the toy's small blocks (7 x 11, 64-element chunks) keep 8-10
 # coefficients, as top-8 kept before format 5 scaled k to a block's share. At one coefficient a
@@ -99,6 +100,7 @@ def test_lookahead_needs_overlap():
         DeMo(make_params(), lr=LR, lookahead=True)
 
 
+@needs_torchtitan_0_2
 def test_lookahead_without_overlap_is_one_config_error():
     from torchtitan.config import ConfigManager
 

@@ -7,6 +7,11 @@ import sys
 import tomllib
 
 import pytest
+
+from torchtitan_version import skip_module_unless_torchtitan_0_2
+
+skip_module_unless_torchtitan_0_2()
+
 from torchtitan.config import ConfigManager
 
 from flexdemo.plan import __main__ as cli

@@ -5,6 +5,11 @@ skipped step is counted in the metrics; a rank that learns of a skip a step late
 GPU reads the flags when the next step starts) stops at the same step as the others."""
 
 import pytest
+
+from torchtitan_version import skip_module_unless_torchtitan_0_2
+
+skip_module_unless_torchtitan_0_2()
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from titan_launch import CONFIGS, REPO
+from torchtitan_version import needs_torchtitan_0_2
 
 
 def _job(tmp_path, config, *overrides):
@@ -22,6 +23,7 @@ def _job(tmp_path, config, *overrides):
     return ConfigManager().parse_args(["--job.config_file", str(path), *overrides])
 
 
+@needs_torchtitan_0_2
 @pytest.mark.parametrize("config,overrides,steps", [
     ("cpu_2x2_flexdemo.toml", [], 100),
     ("cpu_2x2_hsdp_adamw.toml", [], 100),
@@ -44,6 +46,7 @@ def test_auto_interval_resolves_to_a_valid_number_of_steps(tmp_path, config, ove
     assert job.flexdemo.replica_check_interval == steps
 
 
+@needs_torchtitan_0_2
 def test_a_word_other_than_auto_is_refused(tmp_path):
     from flexdemo.titan.config import FlexDemoConfigError, validate_job_config
 

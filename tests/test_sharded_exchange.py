@@ -14,6 +14,7 @@ from multiproc import run_ranks
 from reference_demo import ReferenceDeMo, agrees_then_realign
 from titan_launch import REPO
 from toy_problem import INPUT_NUMEL, all_ranks_equal, backward_on, make_params, outer_sgd, step_both
+from torchtitan_version import needs_torchtitan_0_2
 
 TOPK = 8
 
@@ -170,6 +171,7 @@ def test_bad_exchange_settings_fail_before_any_collective():
         TopkCompressor([params], [64], [TOPK], "sign", None, exchange="sharded", sharded_topk=-1)
 
 
+@needs_torchtitan_0_2
 @pytest.mark.parametrize("flags, message", [
     (["--flexdemo.exchange", "sharded", "--flexdemo.overlap"], 'overlap = true needs exchange = "allgather"'),
     (["--flexdemo.sharded_topk", "-1"], "sharded_topk=-1; expected an integer >= 0"),

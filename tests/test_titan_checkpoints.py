@@ -15,6 +15,7 @@ import pytest
 from flexdemo.data.dataset import StdlibTextDataset
 from flexdemo.data.resharding import reshard_dataset_states, unread_documents
 from titan_launch import CONFIGS, launch, load_dcp
+from torchtitan_version import needs_torchtitan_0_2
 
 DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
 HSDP = CONFIGS / "cpu_2x2_hsdp_adamw.toml"
@@ -105,6 +106,7 @@ def _replay(corpus, starts, steps, log):
     return states, sampled
 
 
+@needs_torchtitan_0_2
 def test_resume_changing_replicas_shards_and_data_parallel_world_size(two_by_two, corpus, tmp_path, assets):
     # torchtitan builds the dataloader for the "batch" mesh, replicas x shards (FlexTrainer's
     # replica-local view comes after it): 2 x 2 and 4 x 1 on 4 processes both hand rank r (r, 4);

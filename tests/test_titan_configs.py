@@ -3,6 +3,10 @@ is meant for, and names a registered spec + flavor (no GPU needed)."""
 
 import pytest
 
+from torchtitan_version import skip_module_unless_torchtitan_0_2
+
+skip_module_unless_torchtitan_0_2()
+
 from titan_launch import CONFIGS
 
 # world size each config is written for (multi-node templates: 2 nodes x 8 GPUs)

@@ -16,6 +16,7 @@ import torch
 from titan_launch import (
     CONFIGS, cpu_model_local_shapes, expected_payload_bytes, launch, load_dcp, tensorboard_scalars,
 )
+from torchtitan_version import needs_torchtitan_0_2
 
 STEPS, H, CKPT_STEP = 12, 4, 6
 DEMO_DILOCO = CONFIGS / "cpu_2x2_demo_diloco.toml"
@@ -83,6 +84,7 @@ def test_finished_cpu_run_ends_cleanly_with_its_output_flushed(demo_diloco_run):
         assert any("Process group destroyed" in line for line in demo_diloco_run.rank_lines(rank)), rank
 
 
+@needs_torchtitan_0_2
 def test_demo_diloco_bytes_are_the_payload_formula(demo_diloco_run):
     for rank in range(4):
         expected = expected_payload_bytes(shard=rank % 2, encoding="scaled_sign", topk=OUTER_TOPK)
@@ -99,6 +101,7 @@ OUTER_LINE = re.compile(r"flexdemo: outer step (\d+) after step (\d+) \(topk, (\
                         r"over dp_replicate, ([\d.]+) ms\)")
 
 
+@needs_torchtitan_0_2
 def test_demo_diloco_logs_each_outer_steps_bytes_and_time(demo_diloco_run):
     expected = expected_payload_bytes(shard=0, encoding="scaled_sign", topk=OUTER_TOPK)
     said = [m.groups() for line in demo_diloco_run.rank_lines(0) if (m := OUTER_LINE.search(line))]
@@ -143,6 +146,7 @@ def test_resume_in_the_middle_of_a_cycle_is_bit_identical(demo_diloco_run, tmp_p
             assert torch.equal(flat_a[k], flat_b[k]), k
 
 
+@needs_torchtitan_0_2
 def test_dense_diloco_with_host_state(tmp_path, assets):
     run = launch(DILOCO, tmp_path / "diloco", *OVERRIDES, "--flexdemo.outer_state_device", "cpu",
                  assets=assets, timeout=RUN_TIMEOUT)
@@ -159,6 +163,7 @@ def test_dense_diloco_with_host_state(tmp_path, assets):
                 assert received == 2 * chunk * 2 and sent == 2 * chunk * 2, (rank, step, sent, received)
 
 
+@needs_torchtitan_0_2
 def test_the_sparseloco_preset_trains_with_identical_replicas_and_the_formulas_bytes(tmp_path, assets):
     """train_configs/gpu_2gpu_sparseloco.toml as shipped (H = 30, raw top-64 of 64x64 blocks,
     2-bit values, plain outer SGD), shrunk only in size: the debug flavor, short sequences, two

@@ -18,6 +18,7 @@ import torch
 
 from titan_launch import (CONFIGS, REPO, check_loss_falls, cpu_model_args, expected_payload_bytes, launch, load_dcp,
                           tensorboard_scalars, worker_pid)
+from torchtitan_version import needs_torchtitan_0_2
 
 STEPS, CKPT_STEP = 20, 10
 DEMO = CONFIGS / "cpu_2x2_flexdemo.toml"
@@ -69,6 +70,7 @@ def test_demo_replicas_bit_identical(demo_run):
     assert d[(0, CKPT_STEP)] != d[(0, STEPS)]  # and the params did change
 
 
+@needs_torchtitan_0_2
 def test_demo_logged_bytes_match_formula(demo_run):
     replicas = 2
     for rank in range(4):
@@ -200,6 +202,7 @@ def test_demo_warns_about_optimizer_keys_it_does_not_use(demo_run):
     assert len(warnings) == 1 and "optimizer.weight_decay" in warnings[0], warnings
 
 
+@needs_torchtitan_0_2
 def test_demo_tensorboard_has_exchange_metrics(demo_run):
     tags, acc = tensorboard_scalars(demo_run)
     for tag in ("replica_exchange/bytes_sent", "replica_exchange/bytes_received",
@@ -256,6 +259,7 @@ def test_overlap_resume_is_bit_identical(tmp_path, assets, lookahead):
     assert resumed.digests()[(0, steps)] == full.digests()[(0, steps)]
 
 
+@needs_torchtitan_0_2
 def test_the_shared_gpu_harness_and_elias_fano_indices_train_the_same_run(demo_run, tmp_path, assets):
     # Two changes that must leave training bit for bit as it was, in one launch against the shared
     # run (scripts/launch.sh, fixed-width indices): the ranks started by benchmarks/shared_gpu.py (a

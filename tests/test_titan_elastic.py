@@ -13,6 +13,7 @@ import time
 import pytest
 
 from titan_launch import CONFIGS, LAUNCH, REPO
+from torchtitan_version import needs_torchtitan_0_2
 
 pytest.importorskip("torchft")
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -27,6 +28,7 @@ def _job(*overrides):
     return ConfigManager().parse_args(["--job.config_file", str(CONFIGS / "cpu_elastic_demo.toml"), *overrides])
 
 
+@needs_torchtitan_0_2
 @pytest.mark.parametrize("overrides,env,match", [
     ([], None, r"needs \$TORCHFT_LIGHTHOUSE=http://HOST:PORT"),
     (["--parallelism.data_parallel_replicate_degree", "2"], "x", r"data_parallel_replicate_degree must be 1"),
@@ -45,6 +47,7 @@ def test_fault_tolerance_keys_are_checked_before_anything_starts(overrides, env,
         validate_job_config(_job(*overrides), None)  # no world size: the [fault_tolerance] checks alone
 
 
+@needs_torchtitan_0_2
 def test_fault_tolerance_in_a_mode_off_run_is_refused_not_ignored(monkeypatch):
     # the stock Trainer would not read [fault_tolerance] at all
     from flexdemo.titan.config import FlexDemoConfigError, validate_job_config
@@ -69,6 +72,7 @@ def test_an_unreachable_lighthouse_ends_the_replica_with_one_line(tmp_path, asse
     assert time.time() - start < 100
 
 
+@needs_torchtitan_0_2
 def test_a_replica_is_refused_at_join_naming_the_setting_it_does_not_share():
     from flexdemo.elastic.group import ElasticJoinError
     from flexdemo.titan.config import run_settings

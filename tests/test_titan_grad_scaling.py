@@ -10,6 +10,10 @@ import sys
 
 import pytest
 
+from torchtitan_version import skip_module_unless_torchtitan_0_2
+
+skip_module_unless_torchtitan_0_2()
+
 from titan_launch import REPO, free_port
 
 WORKER = REPO / "tests" / "titan_scaling_worker.py"

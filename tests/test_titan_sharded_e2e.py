@@ -2,6 +2,10 @@
 processes = 4 replicas x 1 shard: it trains, the replicas stay bit-identical, and each rank
 receives about half of what the all_gather exchange would bring it."""
 
+from torchtitan_version import skip_module_unless_torchtitan_0_2
+
+skip_module_unless_torchtitan_0_2()
+
 from titan_launch import CONFIGS, expected_payload_bytes, launch
 
 STEPS, CHECK = 12, 6

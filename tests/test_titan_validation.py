@@ -9,6 +9,11 @@ import hashlib
 from pathlib import Path
 
 import pytest
+
+from torchtitan_version import skip_module_unless_torchtitan_0_2
+
+skip_module_unless_torchtitan_0_2()
+
 import torch
 from torch import nn
 

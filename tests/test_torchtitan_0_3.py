@@ -8,7 +8,6 @@ Skipped unless torchtitan 0.3.x is installed (the suite's main environment has 0
     PYTHONPATH=. /work/venv030/bin/python -m pytest tests/test_torchtitan_0_3.py
 """
 
-import importlib.metadata
 import os
 import re
 import subprocess
@@ -17,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-TORCHTITAN = importlib.metadata.version("torchtitan")
-pytestmark = pytest.mark.skipif(not TORCHTITAN.startswith("0.3."),
-                                reason=f"needs torchtitan 0.3.x (installed: {TORCHTITAN})")
+from torchtitan_version import TORCHTITAN, needs_torchtitan_0_3
+
+pytestmark = needs_torchtitan_0_3
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "train_configs"
@@ -129,6 +128,18 @@ def test_a_replica_is_refused_at_join_naming_the_setting_it_does_not_share():
         with pytest.raises(ElasticJoinError, match=rf"replica 2 refused at join: its {flag[2:]} is {value}, the "
                                                    rf"quorum's is {theirs}"):
             refuse_if_different(run_settings(read("cpu_elastic_demo", flag, value)).items(), quorum, 2)
+
+
+def test_the_planner_refuses_with_one_line_naming_the_version():
+    # The planner reads configs with 0.2.2's ConfigManager: on 0.3.x it says so, not an ImportError.
+    cmd = [sys.executable, "-m", "flexdemo.plan", str(CONFIGS / "multinode_llama3_1b_flexdemo.toml"), "--nodes", "2",
+           "--link-gbit", "1", "--gpu", "H200"]
+    p = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and p.stdout == "", p.stderr[-2000:]
+    assert p.stderr.strip().splitlines() == [
+        "flexdemo.plan: the planner reads configs with torchtitan 0.2.2; this Python has torchtitan "
+        f"{TORCHTITAN}: run it from a 0.2.2 environment (the TOML files are the same)"]
 
 
 def test_module_config_through_torchtitans_config_manager():

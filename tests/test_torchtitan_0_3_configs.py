@@ -8,14 +8,13 @@ Skipped unless torchtitan 0.3.x is installed, e.g.:
     PYTHONPATH=. /work/venv030/bin/python -m pytest tests/test_torchtitan_0_3_configs.py
 """
 
-import importlib.metadata
 from pathlib import Path
 
 import pytest
 
-TORCHTITAN = importlib.metadata.version("torchtitan")
-pytestmark = pytest.mark.skipif(not TORCHTITAN.startswith("0.3."),
-                                reason=f"needs torchtitan 0.3.x (installed: {TORCHTITAN})")
+from torchtitan_version import needs_torchtitan_0_3
+
+pytestmark = needs_torchtitan_0_3
 
 CONFIGS = Path(__file__).resolve().parents[1] / "train_configs"
 REFUSED: dict[str, str] = {}  # config -> the key its one-line refusal names

@@ -6,6 +6,11 @@ import importlib.metadata
 import inspect
 
 import pytest
+
+from torchtitan_version import skip_module_unless_torchtitan_0_2
+
+skip_module_unless_torchtitan_0_2()
+
 import torch.distributed as dist
 import torch.nn as nn
 from torchtitan.distributed import ParallelDims

@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> list[str]:
     if bad:
         fail(f"unknown arguments {bad}")
 
+    from flexdemo.titan import version
+
+    if version.V0_3:  # its config reader and model shapes are 0.2.2's (torchtitan.config.job_config)
+        fail(f"the planner reads configs with torchtitan 0.2.2; this Python has torchtitan {version.TORCHTITAN}: "
+             "run it from a 0.2.2 environment (the TOML files are the same)")
     from torchtitan.config import ConfigManager
 
     from flexdemo.titan.config import FlexDemoConfigError
