@@ -30,24 +30,38 @@ import argparse
 import csv
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flexdemo.plan.intervals import paired_interval  # noqa: E402
 
 
-def held_out(runs_csv: Path) -> dict[str, dict[int, float]]:
-    """run -> {validation step: held-out loss}."""
-    out: dict[str, dict[int, float]] = {}
-    with open(runs_csv) as f:
-        for row in csv.DictReader(f):
-            if row["val_loss"]:
-                out.setdefault(row["run"], {})[int(row["step"])] = float(row["val_loss"])
+def rows(runs_csv: Path | list[Path]) -> list[dict]:
+    """The rows of one runs.csv, or of several read as one (a comparison whose batches sit in separate
+    folders); a run in two is refused, since which of its rows is the run could not be told."""
+    found_in: dict[str, Path] = {}
+    out: list[dict] = []
+    for source in [runs_csv] if isinstance(runs_csv, Path) else runs_csv:
+        with open(source) as f:
+            mine = list(csv.DictReader(f))
+        for run in {row["run"] for row in mine}:
+            if run in found_in:
+                raise ValueError(f"run {run} is in both {found_in[run]} and {source}")
+            found_in[run] = source
+        out += mine
     return out
 
 
-def finals(runs_csv: Path, step: int | None = None) -> dict[str, float]:
+def held_out(runs_csv: Path | list[Path]) -> dict[str, dict[int, float]]:
+    """run -> {validation step: held-out loss}."""
+    out: dict[str, dict[int, float]] = {}
+    for row in rows(runs_csv):
+        if row["val_loss"]:
+            out.setdefault(row["run"], {})[int(row["step"])] = float(row["val_loss"])
+    return out
+
+
+def finals(runs_csv: Path | list[Path], step: int | None = None) -> dict[str, float]:
     """run -> its held-out loss at ``step`` (runs that never reached it left out), or else its last one;
     ValueError where the runs' last validation steps differ (a partial run's last loss is no final)."""
     series = held_out(runs_csv)
@@ -56,20 +70,18 @@ def finals(runs_csv: Path, step: int | None = None) -> dict[str, float]:
     return last_losses(series, steps_planned(runs_csv))
 
 
-def steps_planned(runs_csv: Path) -> dict[str, int]:
+def steps_planned(runs_csv: Path | list[Path]) -> dict[str, int]:
     """run -> the training.steps its log names (runs whose log, or CSV, does not say left out)."""
-    with open(runs_csv) as f:
-        return {row["run"]: int(row["steps_planned"]) for row in csv.DictReader(f) if row.get("steps_planned")}
+    return {row["run"]: int(row["steps_planned"]) for row in rows(runs_csv) if row.get("steps_planned")}
 
 
-def data_read(runs_csv: Path) -> dict[str, tuple[str, str, str]]:
+def data_read(runs_csv: Path | list[Path]) -> dict[str, tuple[str, str, str]]:
     """run -> (corpus sha256, held-out digest, card) as runs.csv records them; "" for what it does not."""
     out: dict[str, tuple[str, str, str]] = {}
-    with open(runs_csv) as f:
-        for row in csv.DictReader(f):
-            said = tuple(row.get(key) or "" for key in ("corpus_sha256", "heldout_digest", "card"))
-            if any(said) or row["run"] not in out:
-                out[row["run"]] = said
+    for row in rows(runs_csv):
+        said = tuple(row.get(key) or "" for key in ("corpus_sha256", "heldout_digest", "card"))
+        if any(said) or row["run"] not in out:
+            out[row["run"]] = said
     return out
 
 
@@ -181,38 +193,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", nargs="*", default=None, help="only these seeds (e.g. the claim seeds, not the tuning ones)")
     ap.add_argument("--step", type=int, default=None, help="the held-out loss at this validation step, not the last")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            runs_csv = merged_runs_csv([Path(f) / "runs.csv" for f in args.folders], Path(tmp) / "runs.csv")
-            print(table(finals(runs_csv, args.step), args.baseline, args.seeds, args.step, data_read(runs_csv)))
-        except ValueError as e:
-            sys.exit(f"paired_seeds: {e}")
+    runs_csv = [Path(f) / "runs.csv" for f in args.folders]
+    try:
+        print(table(finals(runs_csv, args.step), args.baseline, args.seeds, args.step, data_read(runs_csv)))
+    except ValueError as e:
+        sys.exit(f"paired_seeds: {e}")
     return 0
-
-
-def merged_runs_csv(sources: list[Path], into: Path) -> Path:
-    """One runs.csv holding every source's rows (their columns' union); a run in two sources is refused,
-    since which of its rows is the run could not be told."""
-    if len(sources) == 1:
-        return sources[0]
-    rows: list[dict] = []
-    columns: list[str] = []
-    found_in: dict[str, Path] = {}
-    for source in sources:
-        with open(source) as f:
-            reader = csv.DictReader(f)
-            columns += [c for c in reader.fieldnames or [] if c not in columns]
-            mine = list(reader)
-        for run in {row["run"] for row in mine}:
-            if run in found_in:
-                raise ValueError(f"run {run} is in both {found_in[run]} and {source}")
-            found_in[run] = source
-        rows += mine
-    with open(into, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    return into
 
 
 if __name__ == "__main__":
