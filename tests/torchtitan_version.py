@@ -3,13 +3,12 @@ planner) and flexdemo.titan.v0_3 each have their own tests; on 0.3.x the 0.2.2-o
 this reason instead of failing on 0.2.2's imports (torchtitan.config.job_config, llama3.Transformer,
 build_hf_tokenizer). Tests that launch through scripts/launch.sh run on either version."""
 
-import importlib.metadata
-
 import pytest
 
-TORCHTITAN = importlib.metadata.version("torchtitan")
+from flexdemo.titan.version import TORCHTITAN
+from flexdemo.titan.version import V0_3 as ON_0_3
+
 ON_0_2 = TORCHTITAN.startswith("0.2.")
-ON_0_3 = TORCHTITAN.startswith("0.3.")
 
 WHY_0_2 = (f"needs torchtitan 0.2.x (installed: {TORCHTITAN}): flexdemo.titan's 0.2.2 layer; "
            "0.3.x runs tests/test_torchtitan_0_3*.py")
