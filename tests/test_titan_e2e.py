@@ -259,6 +259,21 @@ def test_overlap_resume_is_bit_identical(tmp_path, assets, lookahead):
     assert resumed.digests()[(0, steps)] == full.digests()[(0, steps)]
 
 
+def test_validating_every_step_leaves_training_bit_identical(demo_run, tmp_path, assets):
+    # Runs that validate at other frequencies pair seed for seed (benchmarks/paired_seeds.py, the
+    # GPU batches at --validation.freq 399 and 798): scoring the held-out split must not move
+    # training. Validating at every step instead of every 5th: the same losses, the same replica
+    # digests, and validation losses where the shared run has them equal to its.
+    every = launch(DEMO, tmp_path / "every", *_demo_overrides(), "--validation.freq", "1",
+                   assets=assets, timeout=RUN_TIMEOUT)
+    assert every.returncode == 0, every.output[-3000:]
+    assert sorted(every.validation_losses(0)) == list(range(1, STEPS + 1))
+    assert every.losses(0) == demo_run.losses(0) and sorted(every.losses(0)) == list(range(1, STEPS + 1))
+    assert every.digests() == demo_run.digests() and (0, STEPS) in every.digests()
+    ref = demo_run.validation_losses(0)
+    assert ref and all(every.validation_losses(0)[step] == loss for step, loss in ref.items())
+
+
 @needs_torchtitan_0_2
 def test_the_shared_gpu_harness_and_elias_fano_indices_train_the_same_run(demo_run, tmp_path, assets):
     # Two changes that must leave training bit for bit as it was, in one launch against the shared
