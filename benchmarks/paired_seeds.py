@@ -38,12 +38,18 @@ from flexdemo.plan.intervals import paired_interval  # noqa: E402
 
 def rows(runs_csv: Path | list[Path]) -> list[dict]:
     """The rows of one runs.csv, or of several read as one (a comparison whose batches sit in separate
-    folders); a run in two is refused, since which of its rows is the run could not be told."""
+    folders); a run in two, or a step of a run twice in one (a batch rerun appended beside its killed
+    rows), is refused, since which of its rows is the run could not be told."""
     found_in: dict[str, Path] = {}
     out: list[dict] = []
     for source in [runs_csv] if isinstance(runs_csv, Path) else runs_csv:
         with open(source) as f:
             mine = list(csv.DictReader(f))
+        seen: set[tuple[str, str]] = set()
+        for row in mine:
+            if (row["run"], row["step"]) in seen:
+                raise ValueError(f"run {row['run']} has step {row['step']} twice in {source}: keep one run's rows")
+            seen.add((row["run"], row["step"]))
         for run in {row["run"] for row in mine}:
             if run in found_in:
                 raise ValueError(f"run {run} is in both {found_in[run]} and {source}")

@@ -165,3 +165,9 @@ def test_batches_in_separate_folders_pair_as_one(tmp_path, capsys):
     _csv(batch / "runs.csv", {"fast_s1": [3.0, 2.2], "adamw_s2": [3.0, 2.4]})  # a run in both: which is it?
     with pytest.raises(SystemExit, match="run adamw_s2 is in both .*baseline/runs.csv and .*batch/runs.csv"):
         paired_seeds.main([str(base), str(batch)])
+    # A rerun appended to its folder beside the killed run's rows: refused, not merged step by step.
+    again = (batch / "runs.csv").read_text().splitlines()[1:]
+    with open(batch / "runs.csv", "a") as f:
+        f.write("\n".join(again) + "\n")
+    with pytest.raises(SystemExit, match="run fast_s1 has step 1 twice in .*batch/runs.csv"):
+        paired_seeds.main([str(batch)])
