@@ -170,29 +170,44 @@ def test_the_readme_table_is_the_planners():
     assert readme.current((REPO / "README.md").read_text()) == readme.table(REPO)
 
 
+def test_a_setting_measured_on_both_corpora_is_costed_by_the_comparison_corpus(monkeypatch):
+    from flexdemo.plan import evidence
+
+    settings = {"sync_interval": 30, "outer_topk": 64, "outer_lr": 3.0}
+    old = LossCost("demo_diloco", settings, (-0.11, -0.05), "version 1")
+    new = LossCost("demo_diloco", settings, (0.004, 0.006, 0.005, 0.007), "version 2",
+                   corpus=evidence.COMPARISON_CORPUS)
+    keys = {**settings, "exchange": "allgather"}
+    monkeypatch.setattr(evidence, "LOSS_COSTS", (old,))
+    assert evidence.loss_cost("demo_diloco", keys) is old and not old.within(evidence.LOSS_TOLERANCE)
+    monkeypatch.setattr(evidence, "LOSS_COSTS", (old, new))
+    assert evidence.loss_cost("demo_diloco", keys) is new and new.within(evidence.LOSS_TOLERANCE)
+    assert evidence.loss_cost("diloco", keys) is None
+
+
 def test_the_long_runs_loss_costs_are_their_data():
     """Every cited cost that names its runs is recomputed from that folder's runs.csv (final held-out
-    losses, the run against AdamW on the same seed), and SparseLoCo's settings are its preset's."""
-    import csv
+    losses, the run against AdamW on the same seed), and SparseLoCo's settings are its preset's.
+    The finals are paired_seeds.py's: a folder whose runs stopped at different steps (a killed run's
+    last loss is no final) or read other data than their baseline cannot be cited."""
+    import paired_seeds
 
     from flexdemo.plan.evidence import LOSS_COSTS
 
     @functools.cache
     def final(folder):
-        out = {}
-        with open(REPO / "docs" / "results" / folder / "runs.csv") as f:
-            for r in csv.DictReader(f):
-                if r["val_loss"]:
-                    out[r["run"]] = float(r["val_loss"])  # rows are in step order: the last one stays
-        return out
+        return paired_seeds.finals(REPO / "docs" / "results" / folder / "runs.csv")
 
     cited = [c for c in LOSS_COSTS if c.runs]
     assert len(cited) >= 2 and all(len(c.runs) == len(c.vs_adamw) for c in cited)
     for cost in cited:
         runs = [run.split("/") for run in cost.runs]
-        got = tuple(round(final(folder)[run] / final(folder)["adamw_s" + run.rsplit("_s", 1)[1]] - 1, 3)
-                    for folder, run in runs)
+        pairs = [(folder, run, "adamw_s" + run.rsplit("_s", 1)[1]) for folder, run in runs]
+        got = tuple(round(final(folder)[run] / final(folder)[adamw] - 1, 3) for folder, run, adamw in pairs)
         assert cost.vs_adamw == got, cost
+        for folder, run, adamw in pairs:
+            paired_seeds.check_same_data(paired_seeds.data_read(REPO / "docs" / "results" / folder / "runs.csv"),
+                                         [run, adamw])
     # SparseLoCo's preset as shipped (run sparseloco_*), or with the flags its run names
     # (sparseloco_olr2_*: --flexdemo.outer_lr 2.0; _top48: and --flexdemo.outer_topk 48; _h16_top32:
     # sync_interval 16 and outer_topk 32;

@@ -164,8 +164,7 @@ LOSS_TOLERANCE = 0.01
 
 
 def loss_cost(mode: str, keys: dict) -> LossCost | None:
-    """The measured cost of these settings (``keys``: the row's [flexdemo] values), or None."""
-    for c in LOSS_COSTS:
-        if c.mode == mode and all(keys.get(k) == v for k, v in c.settings.items()):
-            return c
-    return None
+    """The measured cost of these settings (``keys``: the row's [flexdemo] values), or None; the
+    comparison corpus's where both corpora measured them (version 1's never counts)."""
+    found = [c for c in LOSS_COSTS if c.mode == mode and all(keys.get(k) == v for k, v in c.settings.items())]
+    return next((c for c in found if c.corpus == COMPARISON_CORPUS), found[0] if found else None)
