@@ -198,6 +198,10 @@ def test_the_long_runs_loss_costs_are_their_data():
     def final(folder):
         return paired_seeds.finals(REPO / "docs" / "results" / folder / "runs.csv")
 
+    @functools.cache
+    def data(folder):
+        return paired_seeds.data_read(REPO / "docs" / "results" / folder / "runs.csv")
+
     cited = [c for c in LOSS_COSTS if c.runs]
     assert len(cited) >= 2 and all(len(c.runs) == len(c.vs_adamw) for c in cited)
     for cost in cited:
@@ -206,8 +210,7 @@ def test_the_long_runs_loss_costs_are_their_data():
         got = tuple(round(final(folder)[run] / final(folder)[adamw] - 1, 3) for folder, run, adamw in pairs)
         assert cost.vs_adamw == got, cost
         for folder, run, adamw in pairs:
-            paired_seeds.check_same_data(paired_seeds.data_read(REPO / "docs" / "results" / folder / "runs.csv"),
-                                         [run, adamw])
+            paired_seeds.check_same_data(data(folder), [run, adamw])
     # SparseLoCo's preset as shipped (run sparseloco_*), or with the flags its run names
     # (sparseloco_olr2_*: --flexdemo.outer_lr 2.0; _top48: and --flexdemo.outer_topk 48; _h16_top32:
     # sync_interval 16 and outer_topk 32;

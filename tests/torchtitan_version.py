@@ -6,9 +6,8 @@ build_hf_tokenizer). Tests that launch through scripts/launch.sh run on either v
 import pytest
 
 from flexdemo.titan.version import TORCHTITAN
+from flexdemo.titan.version import V0_2 as ON_0_2
 from flexdemo.titan.version import V0_3 as ON_0_3
-
-ON_0_2 = TORCHTITAN.startswith("0.2.")
 
 WHY_0_2 = (f"needs torchtitan 0.2.x (installed: {TORCHTITAN}): flexdemo.titan's 0.2.2 layer; "
            "0.3.x runs tests/test_torchtitan_0_3*.py")

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> list[str]:
 
     from flexdemo.titan import version
 
-    if not version.TORCHTITAN.startswith("0.2."):  # its config reader and model shapes are 0.2.2's
+    if not version.V0_2:  # its config reader and model shapes are 0.2.2's
         fail(f"the planner reads configs with torchtitan 0.2.2; this Python has torchtitan {version.TORCHTITAN}: "
              "run it from a 0.2.2 environment (the TOML files are the same)")
 

@@ -8,6 +8,7 @@ import importlib.metadata
 import os
 
 TORCHTITAN = importlib.metadata.version("torchtitan")
+V0_2 = TORCHTITAN.startswith("0.2.")  # the TOML layer and the planner read configs with its ConfigManager
 V0_3 = TORCHTITAN.startswith("0.3.")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
