@@ -146,6 +146,13 @@ LOSS_COSTS = (
              (-0.112, -0.054, 0.006), "small, W = 2, 3990 steps, results.md 10",
              ("long_small_shared_h200/sparseloco_olr3_s1234", "long_small_shared_h200/sparseloco_olr3_s4321",
               "long_small_shared_h200/sparseloco_olr3_s5678")),
+    # The same on the comparison corpus, claim seeds (1 x H100, results.md 11)
+    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64,
+                             "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 3.0},
+             (0.046, 0.063, 0.039, 0.048), "small, W = 2, 3990 steps, results.md 11",
+             ("pysource2_frontier_h100/sparseloco_olr3_s11", "pysource2_frontier_h100/sparseloco_olr3_s22",
+              "pysource2_frontier_h100/sparseloco_olr3_s33", "pysource2_frontier_h100/sparseloco_olr3_s44"),
+             corpus=2),
     # about the same bytes as H = 30 top-64, one seed so far
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 16, "outer_topk": 32,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 3.0},
