@@ -96,6 +96,10 @@ PRESETS = {
         ("sync_interval", 30), ("outer_transform", "none"), ("outer_topk", 64), ("outer_chunk", 64),
         ("outer_value_encoding", "two_bit"), ("outer_decay", 0.95), ("outer_lr", 1.0), ("outer_momentum", 0.0),
         ("outer_nesterov", False), ("exchange", "allgather")), "gpu_2gpu_sparseloco.toml"),
+    "gpu_2gpu_sparseloco_outer_lr3.toml": Variant("demo_diloco", (
+        ("sync_interval", 30), ("outer_transform", "none"), ("outer_topk", 64), ("outer_chunk", 64),
+        ("outer_value_encoding", "two_bit"), ("outer_decay", 0.95), ("outer_lr", 3.0), ("outer_momentum", 0.0),
+        ("outer_nesterov", False), ("exchange", "allgather")), "gpu_2gpu_sparseloco_outer_lr3.toml"),
 }
 VARIANTS = (
     Variant("off"), Variant("demo", (("exchange", "allgather"),)), Variant("demo", (("exchange", "sharded"),)),
