@@ -15,7 +15,7 @@ import torch
 
 from flexdemo.data import pysource2
 from flexdemo.data.audit import audit_split
-from flexdemo.data.heldout import HeldOutTokens, HeldOutWindows
+from flexdemo.data.heldout import HeldOutTokens, HeldOutWindows, documents_read
 from flexdemo.data.near_dedup import NUM_PERM, near_duplicate_clusters, signatures
 from torchtitan_version import needs_torchtitan_0_2
 
@@ -152,6 +152,59 @@ def test_a_held_out_unit_keeps_no_document_copied_from_training(environment, mon
     assert _where(splits, "copycat c1") is None
     assert _where(splits, "copycat c2") == "validation"
     assert _where(splits, "dist01 m1") == "train"
+
+
+def test_the_build_takes_the_next_units_until_the_windows_read_the_minimum(environment, monkeypatch):
+    # As in a fresh torch 2.13 environment: the held-out set holds exactly the minimum of documents, and
+    # the windows' dropped tail leaves the last of them unread.
+    root, texts = environment
+    monkeypatch.setattr(pysource2, "HELDOUT_MIN_DOCUMENTS", 15)
+    calls = []
+
+    def read(docs):
+        calls.append(list(docs))
+        return documents_read(docs, CharTokenizer(), 127)
+
+    def units(splits):
+        return {doc.split()[1] for doc in splits["validation"]}  # each document's first line: "# UNIT FILE"
+
+    first = pysource2.build_pysource2_corpus([root])
+    assert len(first["validation"]) == 15 and read(first["validation"]) < 15  # the case in question
+    calls.clear()
+    splits = pysource2.build_pysource2_corpus([root], documents_read=read)
+    counts = [documents_read(c, CharTokenizer(), 127) for c in calls]
+    assert len(counts) > 1 and counts[-1] >= 15 and max(counts[:-1]) < 15  # stops at the first that reads enough
+    assert calls[-1] == splits["validation"] and set(first["validation"]) < set(splits["validation"])
+    order = sorted(units(first) | set(texts) | {"copycat"}, key=lambda u: hashlib.sha256(u.encode()).digest())
+    assert units(first) == set(order[:len(units(first))])  # the next units in the same order
+    assert units(splits) == set(order[:len(units(splits))])
+    for unit in units(splits) - units(first):  # all of its files held out, none left in training
+        assert {_where(splits, f"{unit} {rel[:-3]}") for rel in texts[unit]} == {"validation"}
+    assert splits == pysource2.build_pysource2_corpus([root], documents_read=read)
+    # where the windows read enough, the corpus is the one built without counting
+    assert pysource2.build_pysource2_corpus([root], documents_read=lambda docs: 15) == first
+    # with no unit left to take, the build stops
+    assert units(pysource2.build_pysource2_corpus([root], documents_read=lambda docs: 0)) >= units(splits)
+
+
+def test_the_corpus_build_counts_what_the_audit_reads_at_the_comparison_layout(tmp_path, monkeypatch):
+    from flexdemo.data import assets
+    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.data.audit_cli import layout_from_config
+
+    rng = random.Random(4)
+    docs = [_code(rng, 60, f"v{i}") for i in range(40)]  # at seq_len 512, 1024, 2048: 34, 23, 0 read
+    counted = []
+
+    def build(documents_read=None):
+        counted.append(documents_read(docs))
+        return {"train": ["t"], "validation": docs}
+
+    monkeypatch.setitem(assets._BUILDERS, "pysource2", (pysource2.PYSOURCE2_VERSION, build))
+    path = assets.ensure_assets(tmp_path / "p2", corpus="pysource2")
+    layout = layout_from_config(str(Path(__file__).parents[1] / "train_configs/gpu_2gpu_ddp_adamw.toml"), None)
+    audit = audit_split(["t"], docs, FileTokenizer(path), layout["seq_len"], layout["dp"], layout["local_batch_size"])
+    assert counted == [audit.heldout_documents] and 0 < audit.heldout_documents < len(docs)
 
 
 # ---------------------------------------------------------------- held-out windows

@@ -15,6 +15,7 @@ torchrun starts many ranks that may all call ensure_assets() at once, so:
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from .corpus import CORPUS_VERSION, build_corpus
 from .pysource import PYSOURCE_VERSION, build_pysource_corpus, environment_fingerprint
-from .pysource2 import PYSOURCE2_VERSION, build_pysource2_corpus
+from .pysource2 import HELDOUT_SEQ_LEN, PYSOURCE2_VERSION, build_pysource2_corpus
 from .tokenizer import VOCAB_SIZE, tokenizer_files, train_tokenizer
 
 CORPUS_FILE = "corpus.json"
@@ -119,7 +120,7 @@ def estimate_tokens(tok, splits: dict[str, list[str]]) -> dict[str, int]:
     return out
 
 
-def _tokenizer(corpus: str, vocab_size: int, splits: dict[str, list[str]]):
+def _tokenizer(corpus: str, vocab_size: int, splits: dict[str, list[str]] | None):
     """(tokenizer, its files): trained on the stdlib corpus, which pysource shares."""
     from tokenizers import Tokenizer
 
@@ -132,17 +133,29 @@ def _tokenizer(corpus: str, vocab_size: int, splits: dict[str, list[str]]):
     return Tokenizer.from_str(files["tokenizer.json"].decode("utf-8")), files
 
 
+def _documents_read(tokenizer_dir: str, documents: list[str]) -> int:
+    """Held-out documents the validator's windows read at the comparison configs' seq_len, tokenized
+    as the audit does."""
+    from .audit import FileTokenizer
+    from .heldout import documents_read
+
+    return documents_read(documents, FileTokenizer(tokenizer_dir), HELDOUT_SEQ_LEN)
+
+
 def _build(path: Path, vocab_size: int, corpus: str) -> None:
     start = time.perf_counter()
     version, build = _BUILDERS[corpus]
-    splits = build()
+    splits = None if corpus == "pysource2" else build()
+    tok, tok_files = _tokenizer(corpus, vocab_size, splits)
+    for name, data in tok_files.items():
+        _write_atomic(path / name, data)
+    if splits is None:  # counted with stdlib's tokenizer, which these splits do not change
+        splits = build(documents_read=functools.partial(_documents_read, str(path)))
     corpus_bytes = json.dumps(
         {"version": version, "corpus": corpus, **splits}, ensure_ascii=False, separators=(",", ":")
     ).encode("utf-8")
-    tok, tok_files = _tokenizer(corpus, vocab_size, splits)
+    _write_atomic(path / CORPUS_FILE, corpus_bytes)
     files = {CORPUS_FILE: corpus_bytes, **tok_files}
-    for name, data in files.items():
-        _write_atomic(path / name, data)
     manifest = {
         "corpus": corpus,
         "corpus_version": version,

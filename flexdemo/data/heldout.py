@@ -55,6 +55,15 @@ class HeldOutTokens:
         return windows_per_rank(self.num_windows, dp_world_size, batch_size, steps, self.name)
 
 
+def documents_read(documents: Sequence[str], tokenizer: Tokenizer, seq_len: int) -> int:
+    """How many of ``documents`` the windows hold (the audit's heldout_documents); 0 where they make
+    no window."""
+    try:
+        return len(HeldOutTokens(documents, tokenizer, seq_len).document_starts)
+    except ValueError:
+        return 0
+
+
 def windows_per_rank(num_windows: int, dp_world_size: int, batch_size: int, steps: int = -1,
                      name: str = "held-out") -> int:
     """Windows each rank reads per validation; a layout that cannot read the same windows as every

@@ -17,10 +17,11 @@ The same files as ``pysource`` (version 1: flexdemo.data.pysource), with four ru
 4. **A held-out set that reads as one fixed token sequence** (flexdemo.data.heldout): units are
    taken in the order of the sha256 of their names, each no larger than ``HELDOUT_UNIT_MAX_CHARS``
    (no single package dominates), until ``HELDOUT_TARGET_CHARS`` and ``HELDOUT_MIN_DOCUMENTS`` are
-   reached (or a tenth of the corpus, in a small environment); a unit holds out only its documents
-   of which at most ``HELDOUT_MAX_SHARED_LINES`` of the long lines' characters occur verbatim in
-   another unit (its others are left out of the corpus), each cut to ``HELDOUT_DOC_MAX_CHARS`` at a
-   line end, so none is more than ~2% of the held-out tokens.
+   reached (or a tenth of the corpus, in a small environment), and further ones while the
+   validator's windows at ``HELDOUT_SEQ_LEN`` read fewer than ``HELDOUT_MIN_DOCUMENTS``; a unit
+   holds out only its documents of which at most ``HELDOUT_MAX_SHARED_LINES`` of the long lines'
+   characters occur verbatim in another unit (its others are left out of the corpus), each cut to
+   ``HELDOUT_DOC_MAX_CHARS`` at a line end, so none is more than ~2% of the held-out tokens.
 
 Training documents are cut at line ends into pieces of at most ``PIECE_CHARS`` characters, which
 the dataset shuffles each epoch like documents: no long single-file stretches in the stream (a
@@ -50,7 +51,8 @@ _GENERATED = re.compile(
 )
 PIECE_CHARS = 4096
 HELDOUT_TARGET_CHARS = 3_200_000  # ~1.2 M tokens of the flexdemo tokenizer (~2.6 characters a token)
-HELDOUT_MIN_DOCUMENTS = 300
+HELDOUT_MIN_DOCUMENTS = 300  # read by the validator's windows (the build counts them where it can)
+HELDOUT_SEQ_LEN = 1024  # the comparison configs' [validation] seq_len: the windows the count is of
 HELDOUT_UNIT_MAX_CHARS = 400_000
 HELDOUT_DOC_MAX_CHARS = 40_000  # ~15 k tokens: < 2% of the held-out tokens
 HELDOUT_MAX_FRACTION = 0.1  # of the corpus's characters, where the environment is small
@@ -167,26 +169,42 @@ def held_out_candidates(texts_by_unit: dict[str, list[str]]) -> dict[str, list[s
     return out
 
 
-def held_out_units(unit_chars: dict[str, int], unit_docs: dict[str, int]) -> set[str]:
+def held_out_units(unit_chars: dict[str, int], unit_docs: dict[str, int], extra: int = 0) -> set[str]:
     """Units taken in sha256-of-name order, skipping any above HELDOUT_UNIT_MAX_CHARS or one that
-    would take the held-out set past a tenth of the corpus, until the targets are met. The sizes
-    are of the documents a unit would hold out (clean ones, cut to HELDOUT_DOC_MAX_CHARS)."""
+    would take the held-out set past a tenth of the corpus, until the targets are met, then
+    ``extra`` more. The sizes are of the documents a unit would hold out (clean ones, cut to
+    HELDOUT_DOC_MAX_CHARS)."""
     limit = HELDOUT_MAX_FRACTION * sum(unit_chars.values())
     chosen: set[str] = set()
     chars = docs = 0
     for unit in sorted(unit_chars, key=lambda u: hashlib.sha256(u.encode()).digest()):
-        if chars >= HELDOUT_TARGET_CHARS and docs >= HELDOUT_MIN_DOCUMENTS:
+        met = chars >= HELDOUT_TARGET_CHARS and docs >= HELDOUT_MIN_DOCUMENTS
+        if met and not extra:
             break
         if not unit_docs[unit] or unit_chars[unit] > HELDOUT_UNIT_MAX_CHARS or chars + unit_chars[unit] > limit:
             continue
+        if met:
+            extra -= 1
         chosen.add(unit)
         chars += unit_chars[unit]
         docs += unit_docs[unit]
     return chosen
 
 
-def build_pysource2_corpus(roots: list[Path] | None = None) -> dict[str, list[str]]:
-    """``{'train': [piece, ...], 'validation': [document, ...]}`` by the rules above."""
+def _splits(texts_by_unit: dict[str, list[str]], clean: dict[str, list[str]], held_out: set[str]):
+    splits: dict[str, list[str]] = {"train": [], "validation": []}
+    for unit, texts in texts_by_unit.items():
+        if unit in held_out:
+            splits["validation"] += clean[unit]  # a held-out unit's other documents are left out
+        else:
+            splits["train"] += [piece for text in texts for piece in cut_at_lines(text, PIECE_CHARS)]
+    return splits
+
+
+def build_pysource2_corpus(roots: list[Path] | None = None, documents_read=None) -> dict[str, list[str]]:
+    """``{'train': [piece, ...], 'validation': [document, ...]}`` by the rules above. Given
+    ``documents_read`` (held-out documents -> how many the validator's windows read), further units
+    are taken in the same order while it is below HELDOUT_MIN_DOCUMENTS."""
     roots = source_roots() if roots is None else [Path(r) for r in roots]
     by_digest = read_units(roots)
     digests = sorted(by_digest)
@@ -197,14 +215,16 @@ def build_pysource2_corpus(roots: list[Path] | None = None) -> dict[str, list[st
             unit, text = by_digest[digests[i]]
             texts_by_unit.setdefault(unit, []).append(text)
     clean = held_out_candidates(texts_by_unit)
-    held_out = held_out_units({u: sum(map(len, docs)) for u, docs in clean.items()},
-                              {u: len(docs) for u, docs in clean.items()})
-    splits: dict[str, list[str]] = {"train": [], "validation": []}
-    for unit, texts in texts_by_unit.items():
-        if unit in held_out:
-            splits["validation"] += clean[unit]  # a held-out unit's other documents are left out
-        else:
-            splits["train"] += [piece for text in texts for piece in cut_at_lines(text, PIECE_CHARS)]
+    sizes = ({u: sum(map(len, docs)) for u, docs in clean.items()}, {u: len(docs) for u, docs in clean.items()})
+    held_out, extra = held_out_units(*sizes), 0
+    splits = _splits(texts_by_unit, clean, held_out)
+    # The windows leave out the held-out tokens' tail, so the last documents counted above may go unread.
+    while documents_read is not None and documents_read(splits["validation"]) < HELDOUT_MIN_DOCUMENTS:
+        extra += 1
+        more = held_out_units(*sizes, extra=extra)
+        if more == held_out:  # no unit left to take
+            break
+        held_out, splits = more, _splits(texts_by_unit, clean, more)
     if not splits["train"] or not splits["validation"]:
         raise RuntimeError(f"pysource2 corpus came out empty under {roots}: {len(texts_by_unit)} units")
     return splits
