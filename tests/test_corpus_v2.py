@@ -189,7 +189,7 @@ def test_the_build_takes_the_next_units_until_the_windows_read_the_minimum(envir
 
 def test_the_corpus_build_counts_what_the_audit_reads_at_the_comparison_layout(tmp_path, monkeypatch):
     from flexdemo.data import assets
-    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.data.tokenizer import FileTokenizer
     from flexdemo.data.audit_cli import layout_from_config
 
     rng = random.Random(4)
@@ -292,7 +292,7 @@ def test_the_validators_loader_yields_what_the_audit_digests(stdlib_dir):
     from torchtitan.components.tokenizer import build_hf_tokenizer
     from torchtitan.config import ConfigManager
 
-    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.data.tokenizer import FileTokenizer
     from flexdemo.data import load_corpus
     from flexdemo.titan.heldout import build_heldout_dataloader
 
@@ -331,7 +331,7 @@ def test_audit_cli_prints_one_line_from_a_config(stdlib_dir, tmp_path):
 def test_this_machines_comparison_corpus_passes_its_audit(tmp_path_factory):
     """The rules on a real environment (CI's installed packages): the targets of the held-out set."""
     from flexdemo.data import ensure_assets, load_corpus
-    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.data.tokenizer import FileTokenizer
 
     path = ensure_assets(tmp_path_factory.mktemp("pysource2"), corpus="pysource2")
     splits = load_corpus(path)

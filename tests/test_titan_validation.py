@@ -169,7 +169,7 @@ def test_trainer_scores_the_same_batches_on_four_gloo_ranks(tmp_path, assets):
     import titan_logs
 
     from flexdemo.data import load_corpus
-    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.data.tokenizer import FileTokenizer
     from flexdemo.data.heldout import HeldOutTokens
 
     (tmp_path / "console.log").write_text(run.output)

@@ -278,7 +278,7 @@ def test_validation_scores_the_same_windows_and_logs_what_it_read(tmp_path, asse
     import torch
 
     from flexdemo.data import load_corpus
-    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.data.tokenizer import FileTokenizer
     from flexdemo.data.heldout import HeldOutTokens
 
     _, _, out = launch("cpu_2x2_hsdp_adamw", tmp_path, "--training.steps", "4", "--optimizer.lr", "0",

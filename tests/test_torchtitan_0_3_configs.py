@@ -92,7 +92,7 @@ def test_validation_loaders_build_as_torchtitans_validator_builds_them(assets, d
     from torchtitan.hf_datasets import text_datasets as tt_text
 
     from flexdemo.data import load_corpus
-    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.data.tokenizer import FileTokenizer
 
     monkeypatch.setitem(tt_text.DATASETS, "plain_text_validation", DatasetConfig(
         path=str(assets), loader=lambda path: Dataset.from_dict({"text": load_corpus(path)["validation"]}),
@@ -135,7 +135,7 @@ def test_optimizer_keys_demo_does_not_read_are_named():
 def test_training_loader_checks_that_every_rank_reads_the_same_data(assets, monkeypatch):
     # as 0.2.2's loader: ranks of other corpus builds or tokenizers stop before training
     # (flexdemo.data.same_data; its refusal over gloo: tests/test_data.py)
-    from flexdemo.data.audit import FileTokenizer
+    from flexdemo.data.tokenizer import FileTokenizer
     from flexdemo.titan.v0_3 import data
 
     seen = []

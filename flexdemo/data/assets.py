@@ -28,7 +28,7 @@ from pathlib import Path
 from .corpus import CORPUS_VERSION, build_corpus
 from .pysource import PYSOURCE_VERSION, build_pysource_corpus, environment_fingerprint
 from .pysource2 import HELDOUT_SEQ_LEN, PYSOURCE2_VERSION, build_pysource2_corpus
-from .tokenizer import VOCAB_SIZE, tokenizer_files, train_tokenizer
+from .tokenizer import VOCAB_SIZE, FileTokenizer, tokenizer_files, train_tokenizer
 
 CORPUS_FILE = "corpus.json"
 MANIFEST_FILE = "manifest.json"
@@ -136,7 +136,6 @@ def _tokenizer(corpus: str, vocab_size: int, splits: dict[str, list[str]] | None
 def _documents_read(tokenizer_dir: str, documents: list[str]) -> int:
     """Held-out documents the validator's windows read at the comparison configs' seq_len, tokenized
     as the audit does."""
-    from .audit import FileTokenizer
     from .heldout import documents_read
 
     return documents_read(documents, FileTokenizer(tokenizer_dir), HELDOUT_SEQ_LEN)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -99,35 +97,9 @@ def check_layout(dataset: str, dataset_path: str | None, tokenizer_dir: str | No
 def _num_windows(dataset: str, dataset_path: str | None, tokenizer_dir: str | None, seq_len: int) -> int:
     from .assets import ensure_assets, load_corpus
     from .dataset import SPLITS
-    from .tokenizer import has_tokenizer
+    from .tokenizer import FileTokenizer, has_tokenizer
 
     corpus, split = SPLITS[dataset]
     assets = ensure_assets(dataset_path, corpus=corpus)
     tokenizer = FileTokenizer(tokenizer_dir if tokenizer_dir and has_tokenizer(tokenizer_dir) else assets)
     return HeldOutTokens(load_corpus(assets)[split], tokenizer, seq_len, name=dataset).num_windows
-
-
-class FileTokenizer:
-    """A ``tokenizer.json`` with torchtitan's encode(text, add_bos, add_eos): BOS / EOS named by
-    ``tokenizer_config.json`` where it names them, else flexdemo's."""
-
-    def __init__(self, path: str):
-        from tokenizers import Tokenizer
-
-        from .tokenizer import BOS_TOKEN, EOS_TOKEN
-
-        self._tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-        names = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN}
-        config = os.path.join(path, "tokenizer_config.json")
-        if os.path.isfile(config):
-            with open(config, encoding="utf-8") as f:
-                for key, value in json.load(f).items():
-                    if key in names and value:
-                        names[key] = value["content"] if isinstance(value, dict) else value
-        self.bos_id = self._tok.token_to_id(names["bos_token"])
-        self.eos_id = self._tok.token_to_id(names["eos_token"])
-
-    def encode(self, text: str, add_bos: bool = True, add_eos: bool = True) -> list[int]:
-        ids = self._tok.encode(text).ids
-        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids + (
-            [self.eos_id] if add_eos and self.eos_id is not None else [])

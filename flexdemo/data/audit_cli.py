@@ -8,10 +8,10 @@ import os
 import sys
 
 from .assets import CORPORA, ensure_assets, load_corpus
-from .audit import FileTokenizer, audit_split
+from .audit import audit_split
 from .dataset import SPLITS
 from .pysource2 import HELDOUT_SEQ_LEN
-from .tokenizer import has_tokenizer
+from .tokenizer import FileTokenizer, has_tokenizer
 
 # torchtitan 0.2.2's [validation] defaults, and the comparison configs' layout where no config is named.
 DEFAULTS = {"seq_len": HELDOUT_SEQ_LEN, "local_batch_size": 8, "steps": -1}

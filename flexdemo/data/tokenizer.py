@@ -82,3 +82,25 @@ def tokenizer_files(tok: Tokenizer) -> dict[str, bytes]:
         "tokenizer.json": tok.to_str(pretty=True).encode("utf-8"),
         "tokenizer_config.json": cfg.encode("utf-8"),
     }
+
+
+class FileTokenizer:
+    """A ``tokenizer.json`` with torchtitan's encode(text, add_bos, add_eos): BOS / EOS named by
+    ``tokenizer_config.json`` where it names them, else flexdemo's."""
+
+    def __init__(self, path: str):
+        self._tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        names = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN}
+        config = os.path.join(path, "tokenizer_config.json")
+        if os.path.isfile(config):
+            with open(config, encoding="utf-8") as f:
+                for key, value in json.load(f).items():
+                    if key in names and value:
+                        names[key] = value["content"] if isinstance(value, dict) else value
+        self.bos_id = self._tok.token_to_id(names["bos_token"])
+        self.eos_id = self._tok.token_to_id(names["eos_token"])
+
+    def encode(self, text: str, add_bos: bool = True, add_eos: bool = True) -> list[int]:
+        ids = self._tok.encode(text).ids
+        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids + (
+            [self.eos_id] if add_eos and self.eos_id is not None else [])
