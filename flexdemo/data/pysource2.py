@@ -191,14 +191,16 @@ def held_out_units(unit_chars: dict[str, int], unit_docs: dict[str, int], extra:
     return chosen
 
 
+def _held_out_documents(texts_by_unit: dict[str, list[str]], clean: dict[str, list[str]],
+                        held_out: set[str]) -> list[str]:
+    # a held-out unit's clean documents only: its others are left out of the corpus
+    return [doc for unit in texts_by_unit if unit in held_out for doc in clean[unit]]
+
+
 def _splits(texts_by_unit: dict[str, list[str]], clean: dict[str, list[str]], held_out: set[str]):
-    splits: dict[str, list[str]] = {"train": [], "validation": []}
-    for unit, texts in texts_by_unit.items():
-        if unit in held_out:
-            splits["validation"] += clean[unit]  # a held-out unit's other documents are left out
-        else:
-            splits["train"] += [piece for text in texts for piece in cut_at_lines(text, PIECE_CHARS)]
-    return splits
+    train = [piece for unit, texts in texts_by_unit.items() if unit not in held_out
+             for text in texts for piece in cut_at_lines(text, PIECE_CHARS)]
+    return {"train": train, "validation": _held_out_documents(texts_by_unit, clean, held_out)}
 
 
 def build_pysource2_corpus(roots: list[Path] | None = None, documents_read=None) -> dict[str, list[str]]:
@@ -217,14 +219,15 @@ def build_pysource2_corpus(roots: list[Path] | None = None, documents_read=None)
     clean = held_out_candidates(texts_by_unit)
     sizes = ({u: sum(map(len, docs)) for u, docs in clean.items()}, {u: len(docs) for u, docs in clean.items()})
     held_out, extra = held_out_units(*sizes), 0
-    splits = _splits(texts_by_unit, clean, held_out)
     # The windows leave out the held-out tokens' tail, so the last documents counted above may go unread.
-    while documents_read is not None and documents_read(splits["validation"]) < HELDOUT_MIN_DOCUMENTS:
+    while documents_read is not None and \
+            documents_read(_held_out_documents(texts_by_unit, clean, held_out)) < HELDOUT_MIN_DOCUMENTS:
         extra += 1
         more = held_out_units(*sizes, extra=extra)
         if more == held_out:  # no unit left to take
             break
-        held_out, splits = more, _splits(texts_by_unit, clean, more)
+        held_out = more
+    splits = _splits(texts_by_unit, clean, held_out)  # the training pieces cut once, for the final split
     if not splits["train"] or not splits["validation"]:
         raise RuntimeError(f"pysource2 corpus came out empty under {roots}: {len(texts_by_unit)} units")
     return splits
