@@ -5,6 +5,7 @@ arithmetic holds on a synthetic folder whose answer is known."""
 
 import csv
 import json
+import re
 import shlex
 import sys
 import tomllib
@@ -15,6 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import claims  # noqa: E402
+
+from flexdemo.plan.intervals import paired_interval  # noqa: E402
 
 CONFIGS = REPO / "train_configs"
 # the sections whose values make the setting (job names, logging and checkpoints do not)
@@ -131,3 +134,42 @@ def test_the_block_on_a_folder_whose_answer_is_known(tmp_path):
     paired_row = next(line for line in table.splitlines() if line.startswith("| top-16 vs AdamW"))
     assert paired_row.count("+2.0% [+2.0%, +2.0%]") == 5, paired_row  # 798, 1,596, 2,394, 3,192, 3,990
     assert "**0.84% (10.24%)**" in table  # the finals' spread beside corpus version 1's
+
+
+# the folders whose paired intervals the docs may quote, with the seeds a claim pairs over
+INTERVAL_SOURCES = ((claims.FOLDER, claims.SEEDS), claims.VERSION1)
+INTERVAL = re.compile(r"[+-]\d+\.\d% \[[+-]\d+\.\d%, [+-]\d+\.\d%\]")
+
+
+def intervals_the_runs_give() -> set[str]:
+    """Every setting's paired interval (mean [low, high]) at every validation step its seeds and the
+    baseline's share, in each source folder."""
+    out = set()
+    for folder, seeds in INTERVAL_SOURCES:
+        runs = claims.read_csv(folder / "runs.csv")
+        held = {name: run.validation for name, run in runs.items()}
+        settings = {name.rsplit("_s", 1)[0] for name in held} - {claims.BASELINE}
+        for setting in settings:
+            mine = [s for s in seeds if f"{setting}_s{s}" in held and f"{claims.BASELINE}_s{s}" in held]
+            if len(mine) < 2:
+                continue
+            steps = set.intersection(*(set(held[f"{n}_s{s}"]) for s in mine for n in (setting, claims.BASELINE)))
+            for step in steps:
+                iv = paired_interval([held[f"{setting}_s{s}"][step] / held[f"{claims.BASELINE}_s{s}"][step] - 1
+                                      for s in mine])
+                out.add(f"{iv.mean:+.1%} [{iv.low:+.1%}, {iv.high:+.1%}]")
+    return out
+
+
+def quoted_intervals() -> dict[str, set[str]]:
+    pages = [REPO / "README.md", REPO / "benchmarks" / "README.md", *(REPO / "docs").glob("*.md"),
+             *(REPO / "train_configs").iterdir(), *(REPO / "docs" / "results").glob("*/meta.json")]
+    return {str(p.relative_to(REPO)): set(INTERVAL.findall(p.read_text())) for p in pages if p.is_file()}
+
+
+def test_every_interval_the_docs_quote_is_one_the_runs_give():
+    given = intervals_the_runs_give()
+    quoted = quoted_intervals()
+    assert sum(map(len, quoted.values())) >= 5, "the docs quote no interval: the test checks nothing"
+    stale = {page: sorted(found - given) for page, found in quoted.items() if found - given}
+    assert stale == {}, f"intervals no committed runs give (typed by hand, or stale): {stale}"
