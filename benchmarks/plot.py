@@ -4,6 +4,7 @@ CSV summaries kept in docs/results/ (written from such logs by --extract).
 
   python3 benchmarks/plot.py --out outputs/plots outputs/runs/{adamw,flexdemo,diloco}.log
   python3 benchmarks/plot.py --extract outputs/runs/runs.csv outputs/runs/*.log [NAME=LOG ...]
+  python3 benchmarks/plot.py --extract docs/results/FOLDER/runs.csv --append [--replace] NAME=LOG ...
   python3 benchmarks/plot.py --csv docs/results/1b_convergence/runs.csv --runs adamw,flexdemo --out DIR
   python3 benchmarks/plot.py --shaped docs/results/link_small_1gbit --out docs/plots/link_small_1gbit
   python3 benchmarks/plot.py --frontier docs/results/recipe_small/runs.csv --out docs/plots/recipe_small
@@ -91,6 +92,29 @@ def write_csv(path: Path, runs: list[RunLog]) -> None:
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, FIELDS, lineterminator="\n")
         w.writeheader()
+        for run in runs:
+            w.writerows(csv_rows(run))
+
+
+def append_csv(path: Path, runs: list[RunLog], replace: bool = False) -> None:
+    """Add the runs' rows to a CSV written by write_csv (a batch of a comparison run in another
+    session). A run already there is refused, or with ``replace`` its old rows dropped first (a rerun
+    of a killed run): a run's rows twice would leave which of them is the run unknown."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        old = list(reader)
+    if tuple(reader.fieldnames or ()) != FIELDS:
+        raise ValueError(f"{path} has columns {reader.fieldnames}, not plot.py's {list(FIELDS)}")
+    names = [run.name for run in runs]
+    if len(set(names)) < len(names):
+        raise ValueError(f"a run named twice among the logs: {names}")
+    there = sorted(set(names) & {row["run"] for row in old})
+    if there and not replace:
+        raise ValueError(f"runs already in {path}: {there} (--replace drops their rows first)")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(row for row in old if row["run"] not in names)
         for run in runs:
             w.writerows(csv_rows(run))
 
@@ -437,6 +461,10 @@ def main() -> int:
     ap.add_argument("--runs", default="", help="with --csv: the runs to plot, comma-separated (default: all)")
     ap.add_argument("--extract", default=None, metavar="CSV",
                     help="write the logs' per-step summary to this CSV instead of plotting")
+    ap.add_argument("--append", action="store_true",
+                    help="with --extract: add the logs' rows to that existing CSV (a run already there is refused)")
+    ap.add_argument("--replace", action="store_true",
+                    help="with --append: a run already in the CSV has its old rows dropped first (a killed run rerun)")
     ap.add_argument("--frontier", default=None, metavar="CSV",
                     help="one point per run of this CSV: last held-out loss vs total bytes, and a table")
     ap.add_argument("--baseline", default="adamw", help="with --frontier: the baseline runs' name")
@@ -453,6 +481,8 @@ def main() -> int:
                     help="with --csv or logs: the runs whose final held-out loss is the target line, comma-separated "
                          "(default: those named adamw*); with --shaped the target is results.json's")
     args = ap.parse_args()
+    if (args.append and not args.extract) or (args.replace and not args.append):
+        ap.error("--append goes with --extract, --replace with --append")
     if args.frontier and args.intervals:
         try:
             path, table = interval_frontier(read_csv(Path(args.frontier)), Path(args.out), args.baseline, args.seeds,
@@ -480,7 +510,13 @@ def main() -> int:
     if args.extract:
         if not args.logs:
             ap.error("--extract takes logs")
-        write_csv(Path(args.extract), _named_logs(args.logs))
+        if args.append:
+            try:
+                append_csv(Path(args.extract), _named_logs(args.logs), args.replace)
+            except (OSError, ValueError) as e:
+                sys.exit(f"plot: {e}")
+        else:
+            write_csv(Path(args.extract), _named_logs(args.logs))
         print(args.extract)
         return 0
     targets: list[tuple[str, float]] = []

@@ -428,3 +428,32 @@ def test_elastic_outage_puts_the_stall_at_the_kill_in_during(tmp_path):
     # without the kill's time the victim's last logged step still splits: 101
     seen["outage"]["events"] = {}
     assert elastic_outage.report(args, seen)[0]["kill_split_step"] == 101
+
+
+def test_extract_appends_a_batch_and_refuses_a_run_twice(results, tmp_path):
+    # A comparison's CSV grows a batch at a time: --append adds the new logs' rows under the same
+    # columns; a run already there is refused (its rows twice would leave which is the run unknown),
+    # or with --replace its old rows go first (a killed run rerun); --append needs --extract.
+    plot_py = [sys.executable, str(REPO / "benchmarks" / "plot.py")]
+    csv_path = tmp_path / "runs.csv"
+    first = subprocess.run(plot_py + ["--extract", str(csv_path), f"flexdemo={tmp_path / 'flexdemo.log'}"],
+                           capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    before = csv_path.read_text()
+    add = plot_py + ["--extract", str(csv_path), "--append", f"demo_diloco={tmp_path / 'demo_diloco.log'}"]
+    assert subprocess.run(add, capture_output=True, text=True).returncode == 0
+    both = plot.read_csv(csv_path)
+    assert list(both) == ["flexdemo", "demo_diloco"] and csv_path.read_text().startswith(before)
+    assert both["demo_diloco"].validation == titan_logs.parse(tmp_path / "demo_diloco.log").validation
+    again = subprocess.run(add, capture_output=True, text=True)
+    assert again.returncode == 1 and "runs already in" in again.stderr and "demo_diloco" in again.stderr
+    assert plot.read_csv(csv_path)["demo_diloco"].validation == both["demo_diloco"].validation
+    # a rerun under the same name: the flexdemo log's rows replace demo_diloco's
+    rerun = subprocess.run(plot_py + ["--extract", str(csv_path), "--append", "--replace",
+                                      f"demo_diloco={tmp_path / 'flexdemo.log'}"], capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    replaced = plot.read_csv(csv_path)
+    assert list(replaced) == ["flexdemo", "demo_diloco"]
+    assert replaced["demo_diloco"].validation == replaced["flexdemo"].validation == {10: 4.9, 20: 4.5}
+    alone = subprocess.run(plot_py + ["--csv", str(csv_path), "--append"], capture_output=True, text=True)
+    assert alone.returncode == 2 and "--append goes with --extract" in alone.stderr
