@@ -111,7 +111,8 @@ def headline(folder: Path = FOLDER) -> str:
         iv = paired_interval([d[seed] for seed in sorted(d)])
         claim = verdict(iv.low, iv.high) if iv.n > 1 else "one seed: no claim"
         preset = f" (`{s.preset}`)" if s.preset else ""
-        lines.append(f"| {s.what}{preset} | {' / '.join(f'{d[seed]:+.1%}' for seed in sorted(d))} | "
+        per_seed = " / ".join(f"{d[seed]:+.1%}" if seed in d else "-" for seed in seeds)  # "-": no run on it
+        lines.append(f"| {s.what}{preset} | {per_seed} | "
                      f"**{iv.text()}** | {claim} | {_ratio(ring, received(s.runs, sorted(d)))} |")
     lr = {label: final.get(f"{name}_s{LR_CHECK_SEED}") for name, label in LR_CHECK}
     ran = [f"{label} {loss:.4f}" for label, loss in lr.items() if loss is not None]
@@ -135,15 +136,15 @@ def per_step(folder: Path = FOLDER, version1: tuple[Path, tuple[str, ...]] = VER
     old = read_csv(version1[0] / "runs.csv")
     old_spread = {step: _spread([old[f"{BASELINE}_s{s}"].validation[step] for s in version1[1]]) for step in steps}
 
-    def row(label: str, cells: list[str]) -> str:
-        cells[-1] = f"**{cells[-1]}**" if not cells[-1].startswith("**") else cells[-1]
-        return f"| {label} | " + " | ".join(cells) + " |"
+    def row(label: str, cells: list[str]) -> str:  # the final step's cell in bold
+        return f"| {label} | " + " | ".join([*cells[:-1], f"**{cells[-1]}**"]) + " |"
 
-    def losses(name: str, seeds_of) -> list[str]:
-        return [" / ".join(f"{held[f'{name}_s{s}'][step]:.4f}" for s in seeds_of) for step in steps]
+    def losses(name: str) -> list[str]:  # every claim seed's, "-" where the setting has no run on it
+        return [" / ".join(f"{held[f'{name}_s{s}'][step]:.4f}" if f"{name}_s{s}" in held else "-" for s in seeds)
+                for step in steps]
 
     lines = ["| step | " + " | ".join(f"{step:,}" for step in steps) + " |", "|---|" + "---:|" * len(steps),
-             f"| AdamW-DDP, lr 1e-3, seeds {' / '.join(seeds)} | " + " | ".join(losses(BASELINE, seeds)) + " |",
+             f"| AdamW-DDP, lr 1e-3, seeds {' / '.join(seeds)} | " + " | ".join(losses(BASELINE)) + " |",
              row(f"its std / mean (version 1's, seeds {' / '.join(version1[1])})",
                  [f"{_spread([held[f'{BASELINE}_s{s}'][step] for s in seeds]):.2%} ({old_spread[step]:.2%})"
                   for step in steps])]
@@ -152,7 +153,7 @@ def per_step(folder: Path = FOLDER, version1: tuple[Path, tuple[str, ...]] = VER
         if not d:
             continue
         mine = sorted(d)
-        lines.append(f"| {s.what} | " + " | ".join(losses(s.runs, mine)) + " |")
+        lines.append(f"| {s.what} | " + " | ".join(losses(s.runs)) + " |")
         cells = []
         for step in steps:
             iv = paired_interval([held[f"{s.runs}_s{seed}"][step] / held[f"{BASELINE}_s{seed}"][step] - 1

@@ -173,3 +173,18 @@ def test_every_interval_the_docs_quote_is_one_the_runs_give():
     assert sum(map(len, quoted.values())) >= 5, "the docs quote no interval: the test checks nothing"
     stale = {page: sorted(found - given) for page, found in quoted.items() if found - given}
     assert stale == {}, f"intervals no committed runs give (typed by hand, or stale): {stale}"
+
+
+def test_a_setting_missing_a_seed_shows_which(tmp_path):
+    """A setting with no run on seed 44 (one killed, say): '-' in that seed's place, the interval over
+    the three it has."""
+    with open(claims.FOLDER / "runs.csv", newline="") as f:
+        adamw = [r for r in csv.DictReader(f) if r["run"].rsplit("_s", 1)[0] == "adamw"]
+    made = [dict(r, run="top16_s" + r["run"].rsplit("_s", 1)[1],
+                 val_loss=f"{float(r['val_loss']) * 1.02:.6f}" if r["val_loss"] else "")
+            for r in adamw if not r["run"].endswith("_s44")]
+    _write_runs(tmp_path / "f", adamw + made)
+    row = next(line for line in claims.headline(tmp_path / "f").splitlines() if line.startswith("| per-step"))
+    assert "| +2.0% / +2.0% / +2.0% / - |" in row and "(95%, 3 seeds)" in row
+    losses = next(line for line in claims.per_step(tmp_path / "f").splitlines() if line.startswith("| per-step"))
+    assert losses.count(" / -") == 5
