@@ -1,7 +1,8 @@
 """The planner (flexdemo.plan) against the shaped-link runs on the results page: per run, the
 predicted seconds per step next to the measured one, as a markdown table.
 
-  python3 benchmarks/plan_check.py
+  python3 benchmarks/plan_check.py          # print the table
+  python3 benchmarks/plan_check.py --write  # and replace it in docs/planner.md, between its markers
 
 Each prediction uses the run's own config (benchmarks/shaped_link.py's CONFIGS), its node count
 and link rate, no RTT (tbf shapes bandwidth only; the results page models its RTT apart), and a
@@ -165,8 +166,20 @@ def markdown(rows: list[Check]) -> str:
     return "\n".join(lines)
 
 
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
+BEGIN, END = "<!-- plan-check:begin -->", "<!-- plan-check:end -->"
+
+
+def page_block(text: str) -> str:
+    """The table docs/planner.md shows between its markers (tests/test_plan.py holds it to markdown())."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise ValueError(f"docs/planner.md needs one {BEGIN} ... {END} block")
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help="replace the table in docs/planner.md")
     ap.add_argument("--predict", metavar="FOLDER", help="write docs/results/FOLDER/prediction.json and stop")
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--gbit", type=float, default=0.2)
@@ -186,6 +199,11 @@ def main() -> int:
         return 0
     rows = checks() + prior_checks()
     print(markdown(rows))
+    if args.write:
+        text = PAGE.read_text()
+        page_block(text)  # one block there
+        head, rest = text.split(BEGIN, 1)
+        PAGE.write_text(f"{head}{BEGIN}\n{markdown(rows)}\n{END}{rest.split(END, 1)[1]}")
     within = sum(abs(c.error) <= TOLERANCE for c in rows)
     print(f"\n{within} of {len(rows)} within {TOLERANCE:.0%}")
     return 0 if within == len(rows) else 1
