@@ -15,7 +15,8 @@
 #                         same for an older flexdemo package (git archive REV flexdemo | tar -x -C DIR)
 #   outer [ARGS]          the DiLoCo outer step alone, 2 GPUs; on 1 GPU one replica, the codec without the
 #                         exchange (benchmarks/outer_step.py ARGS)
-#   runs [ARGS]           torchtitan runs side by side with their held-out losses (benchmarks/runs.py)
+#   runs [ARGS]           torchtitan runs side by side with their held-out losses (benchmarks/runs.py);
+#                         MPS=1: their processes share the GPU through CUDA MPS (start_mps below)
 #   link [ARGS]           torchtitan runs over a real shaped link, 2 GPUs (benchmarks/shaped_link.py)
 #   checks                GPU correctness: zero votes, start-up agreement, skipped steps, overlap's delayed
 #                         update, host-memory momentum, replica check
@@ -54,6 +55,25 @@ export PATH="$(dirname "$(python3 -c 'import sys; print(sys.executable)')"):$PAT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$R/gpus.txt"
 NGPU=$(nvidia-smi -L | wc -l)
 
+# MPS=1 (runs): the jobs' processes share the GPU through a CUDA MPS control daemon, so kernels of
+# different processes run side by side instead of taking turns in time slices (jobs sharing one GPU,
+# --shared-gpu); started here and quit when the suite ends. The card's settings (compute mode) stay
+# as they are. Where the daemon does not start or a CUDA client cannot use it, the runs go on without
+# it; gpus.txt says which.
+start_mps() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d \
+      && timeout 120 python3 -c 'import torch; assert torch.ones(8, device="cuda").sum().item() == 8'; then
+    trap 'echo quit | nvidia-cuda-mps-control' EXIT
+    echo "MPS: on" | tee -a "$R/gpus.txt"
+  else
+    command -v nvidia-cuda-mps-control > /dev/null && echo quit | nvidia-cuda-mps-control
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    echo "MPS: did not start; the processes take turns on the GPU" | tee -a "$R/gpus.txt"
+  fi
+}
+
 # 1B comparisons: seq 2048, local batch 4, warm-up 10, logged every 5 steps.
 TITAN_1B=(--model.flavor 1B --training.seq_len 2048 --training.local_batch_size 4
           --lr_scheduler.warmup_steps 10 --metrics.log_freq 5)
@@ -84,6 +104,7 @@ outer)
     --json "$R/outer_step.json" 2>&1 | tee "$R/outer_step.log" | grep -vi warning | tail -20
   ;;
 runs)
+  [[ ${MPS:-0} == 1 ]] && start_mps
   python3 benchmarks/runs.py --out "$R" "$@" 2>&1 | tail -20
   ;;
 link)
