@@ -60,7 +60,8 @@ class Setting:
 
 SETTINGS = (
     Setting("top16", "per-step `demo`, top-16", "gpu_2gpu_flexdemo_top16.toml", "top-16"),
-    Setting("demo_diloco_h30", "`demo_diloco`, H = 30, top-256 scaled signs, outer lr 1.5", None, "demo_diloco H = 30"),
+    Setting("demo_diloco_h30", "`demo_diloco`, H = 30, top-256 scaled signs, outer lr 1.5",
+            "gpu_2gpu_demo_diloco_h30.toml", "demo_diloco H = 30"),
     Setting("sparseloco_olr3", "SparseLoCo's recipe, H = 30, top-64, outer lr 3", "gpu_2gpu_sparseloco_outer_lr3.toml",
             "SparseLoCo"),
     Setting("sparseloco_olr3_h16_top32", "SparseLoCo's recipe at H = 16, top-32, outer lr 3", None,

@@ -249,6 +249,8 @@ CODES = [  # run-name codes of benchmarks/recipe.sh, spelled out in the frontier
     (r"^dd_h(\d+)_k(\d+)", r"demo_diloco H=\1 outer top-\2"), (r"^k(\d+)", r"top-\1"),
     (r"^top(\d+)", r"per-step top-\1"), (r"^demo_diloco_h(\d+)", r"demo_diloco H=\1"),
     (r"^sparseloco", "SparseLoCo preset"),
+    (r"_olr([\d.]+?)(?=_|$)", r", outer lr \1"), (r"_h(\d+)_top(\d+)", r", H=\1 top-\2"),
+    (r"_top(\d+)", r", top-\1"),
     (r"_1b\b", ""), (r"_d9995\b", ", decay 0.9995"), (r"_d995\b", ", decay 0.995"),
     (r"_lr5e-4\b", ", lr 5e-4"), (r"_two_bit\b", ", two_bit values"), (r"_scaled\b", ", scaled_sign values"),
     (r"_ef\b", ", elias_fano indices"), (r"_s\b", ", lr 5e-4"), (r"_l\b", ", lr 2e-3")]

@@ -217,15 +217,21 @@ def test_the_long_runs_loss_costs_are_their_data():
     # --flexdemo.outer_lr 2.0 on gpu_2gpu_sparseloco.toml; _top48: and --flexdemo.outer_topk 48; _h16_top32:
     # outer lr 3, sync_interval 16 and outer_topk 32; docs/results/*/meta.json). sparseloco_olr3 is the
     # headline's setting: its own preset, no flags.
-    shipped = {"sparseloco": ("gpu_2gpu_sparseloco.toml", {}),
+    shipped = {"demo_diloco_h30": ("gpu_2gpu_demo_diloco_h30.toml", {}),
+               "sparseloco": ("gpu_2gpu_sparseloco.toml", {}),
                "sparseloco_olr2": ("gpu_2gpu_sparseloco.toml", {"outer_lr": 2.0}),
                "sparseloco_olr2_top48": ("gpu_2gpu_sparseloco.toml", {"outer_lr": 2.0, "outer_topk": 48}),
                "sparseloco_olr3": ("gpu_2gpu_sparseloco_outer_lr3.toml", {}),
                "sparseloco_olr3_h16_top32": ("gpu_2gpu_sparseloco_outer_lr3.toml",
                                              {"sync_interval": 16, "outer_topk": 32})}
+    from dataclasses import asdict
+
+    from flexdemo.section import FlexDemo
+
+    defaults = asdict(FlexDemo())  # a key a preset leaves out takes [flexdemo]'s default
     for cost in cited:
         config, flags = shipped[cost.runs[0].split("/")[1].rsplit("_s", 1)[0]]
-        preset = {**tomllib.loads((CONFIGS / config).read_text())["flexdemo"], **flags}
+        preset = {**defaults, **tomllib.loads((CONFIGS / config).read_text())["flexdemo"], **flags}
         assert {k: v for k, v in cost.settings.items() if k in preset} == \
             {k: preset[k] for k in cost.settings if k in preset}, cost
         assert set(cost.settings) - set(preset) <= {"exchange"}

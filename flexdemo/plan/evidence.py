@@ -153,6 +153,13 @@ LOSS_COSTS = (
              ("pysource2_frontier_h100/sparseloco_olr3_s11", "pysource2_frontier_h100/sparseloco_olr3_s22",
               "pysource2_frontier_h100/sparseloco_olr3_s33", "pysource2_frontier_h100/sparseloco_olr3_s44"),
              corpus=2),
+    # demo_diloco's DCT top-256 recipe at H = 30 on the comparison corpus, claim seeds (1 x H100, results.md 11)
+    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 256,
+                             "outer_value_encoding": "scaled_sign", "outer_transform": "dct", "outer_lr": 1.5},
+             (0.041, 0.037, 0.013, 0.035), "small, W = 2, 3990 steps, results.md 11",
+             ("pysource2_frontier_h100/demo_diloco_h30_s11", "pysource2_frontier_h100/demo_diloco_h30_s22",
+              "pysource2_frontier_h100/demo_diloco_h30_s33", "pysource2_frontier_h100/demo_diloco_h30_s44"),
+             corpus=2),
     # about the same bytes as H = 30 top-64, one seed so far
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 16, "outer_topk": 32,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 3.0},

@@ -96,6 +96,10 @@ PRESETS = {
         ("sync_interval", 16), ("outer_lr", 1.0), ("outer_momentum", 0.0), ("outer_nesterov", False),
         ("outer_decay", 0.95), ("outer_value_encoding", "scaled_sign"), ("outer_topk", 256), ("outer_chunk", 64),
         ("outer_transform", "dct"), ("exchange", "allgather")), "gpu_4gpu_2x2_demo_diloco.toml"),
+    "gpu_2gpu_demo_diloco_h30.toml": Variant("demo_diloco", (
+        ("sync_interval", 30), ("outer_lr", 1.5), ("outer_momentum", 0.0), ("outer_nesterov", False),
+        ("outer_decay", 0.95), ("outer_value_encoding", "scaled_sign"), ("outer_topk", 256), ("outer_chunk", 64),
+        ("outer_transform", "dct"), ("exchange", "allgather")), "gpu_2gpu_demo_diloco_h30.toml"),
     "gpu_2gpu_sparseloco.toml": Variant("demo_diloco", _SPARSELOCO, "gpu_2gpu_sparseloco.toml"),
     "gpu_2gpu_sparseloco_outer_lr3.toml": Variant("demo_diloco", tuple({**dict(_SPARSELOCO), "outer_lr": 3.0}.items()),
                                                   "gpu_2gpu_sparseloco_outer_lr3.toml"),
