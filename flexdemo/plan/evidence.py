@@ -117,6 +117,16 @@ class LossCost:
         return f"{seeds}, mean {self.interval.text()} ({self.where}; corpus {self.corpus})"
 
 
+def _runs(folder: str, name: str, seeds: tuple[int, ...]) -> tuple[str, ...]:
+    """Each seed's run of a setting in docs/results/FOLDER (runs named NAME_sSEED)."""
+    return tuple(f"{folder}/{name}_s{seed}" for seed in seeds)
+
+
+VERSION1_SEEDS = (1234, 4321, 5678)  # corpus version 1's, which its settings were tuned on
+CLAIM_SEEDS = (11, 22, 33, 44)  # the comparison corpus's, no setting tuned on them
+SPARSELOCO_OLR3 = {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64, "outer_value_encoding": "two_bit",
+                   "outer_transform": "none", "outer_lr": 3.0}
+
 LOSS_COSTS = (
     LossCost("demo", {"exchange": "allgather", "topk": 32, "value_encoding": "sign", "overlap": False},
              (-0.041, -0.053), "1B, W = 2, 1024 steps, results.md 1.1"),
@@ -134,43 +144,31 @@ LOSS_COSTS = (
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 1.0},
              (0.189, 0.068), "small, W = 2, 3990 steps, results.md 10",
-             ("long_small_shared_h200/sparseloco_s1234", "long_small_shared_h200/sparseloco_s4321")),
+             _runs("long_small_shared_h200", "sparseloco", VERSION1_SEEDS[:2])),
     # SparseLoCo's recipe at outer lr 2 and 3 (--flexdemo.outer_lr on the preset)
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 2.0},
              (-0.086, -0.144, 0.029), "small, W = 2, 3990 steps, results.md 10",
-             ("long_small_shared_h200/sparseloco_olr2_s1234", "long_small_shared_h200/sparseloco_olr2_s4321",
-              "long_small_shared_h200/sparseloco_olr2_s5678")),
-    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64,
-                             "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 3.0},
-             (-0.112, -0.054, 0.006), "small, W = 2, 3990 steps, results.md 10",
-             ("long_small_shared_h200/sparseloco_olr3_s1234", "long_small_shared_h200/sparseloco_olr3_s4321",
-              "long_small_shared_h200/sparseloco_olr3_s5678")),
+             _runs("long_small_shared_h200", "sparseloco_olr2", VERSION1_SEEDS)),
+    LossCost("demo_diloco", SPARSELOCO_OLR3, (-0.112, -0.054, 0.006), "small, W = 2, 3990 steps, results.md 10",
+             _runs("long_small_shared_h200", "sparseloco_olr3", VERSION1_SEEDS)),
     # The same on the comparison corpus, claim seeds (1 x H100, results.md 11)
-    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64,
-                             "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 3.0},
-             (0.046, 0.063, 0.039, 0.048), "small, W = 2, 3990 steps, results.md 11",
-             ("pysource2_frontier_h100/sparseloco_olr3_s11", "pysource2_frontier_h100/sparseloco_olr3_s22",
-              "pysource2_frontier_h100/sparseloco_olr3_s33", "pysource2_frontier_h100/sparseloco_olr3_s44"),
-             corpus=2),
+    LossCost("demo_diloco", SPARSELOCO_OLR3, (0.046, 0.063, 0.039, 0.048), "small, W = 2, 3990 steps, results.md 11",
+             _runs("pysource2_frontier_h100", "sparseloco_olr3", CLAIM_SEEDS), corpus=2),
     # demo_diloco's DCT top-256 recipe at H = 30 on the comparison corpus, claim seeds (1 x H100, results.md 11)
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 256,
                              "outer_value_encoding": "scaled_sign", "outer_transform": "dct", "outer_lr": 1.5},
              (0.041, 0.037, 0.013, 0.035), "small, W = 2, 3990 steps, results.md 11",
-             ("pysource2_frontier_h100/demo_diloco_h30_s11", "pysource2_frontier_h100/demo_diloco_h30_s22",
-              "pysource2_frontier_h100/demo_diloco_h30_s33", "pysource2_frontier_h100/demo_diloco_h30_s44"),
-             corpus=2),
+             _runs("pysource2_frontier_h100", "demo_diloco_h30", CLAIM_SEEDS), corpus=2),
     # about the same bytes as H = 30 top-64, one seed so far
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 16, "outer_topk": 32,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 3.0},
              (-0.030,), "small, W = 2, 3990 steps, results.md 10",
-             ("long_small_shared_h200/sparseloco_olr3_h16_top32_s5678",)),
+             _runs("long_small_shared_h200", "sparseloco_olr3_h16_top32", VERSION1_SEEDS[2:])),
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 48,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 2.0},
              (-0.022, -0.081, 0.069), "small, W = 2, 3990 steps, results.md 10",
-             ("long_small_shared_h200/sparseloco_olr2_top48_s1234",
-              "long_small_shared_h200/sparseloco_olr2_top48_s4321",
-              "long_small_shared_h200/sparseloco_olr2_top48_s5678")),
+             _runs("long_small_shared_h200", "sparseloco_olr2_top48", VERSION1_SEEDS)),
 )
 # A setting is recommended only where the 95% interval of its paired seeds' held-out loss against
 # AdamW's, on the comparison corpus, ends at or below +1%.
