@@ -202,7 +202,8 @@ corpus)
   ;;
 detach)
   # SUITE [ARGS] [+ SUITE [ARGS]]...: one after another; /tmp/detached/done once all have ended
-  mkdir -p /tmp/detached && rm -f /tmp/detached/done
+  # an earlier batch's table would tell `watch` this one had ended
+  mkdir -p /tmp/detached && rm -f /tmp/detached/done /tmp/detached/*/variants.md
   OUT=/tmp/detached setsid nohup bash -c 'cmd=()
     for a in "$@" +; do
       if [[ $a == + ]]; then bash benchmarks/gpu.sh "${cmd[@]}"; cmd=(); else cmd+=("$a"); fi

@@ -103,6 +103,8 @@ def main() -> int:
                  f"(or more --jobs-per-slot); {len(slots) * args.devices_per_job} visible")
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
+    # variants.md marks a finished batch (watch_runs.py stops on it): an earlier batch's must not
+    (out / "variants.md").unlink(missing_ok=True)
     todo = []
     for spec in args.variants:
         name, config, *flags = shlex.split(spec)
