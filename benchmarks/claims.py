@@ -64,7 +64,8 @@ SETTINGS = (
             "gpu_2gpu_demo_diloco_h30.toml", "demo_diloco H = 30"),
     Setting("sparseloco_olr3", "SparseLoCo's recipe, H = 30, top-64, outer lr 3", "gpu_2gpu_sparseloco_outer_lr3.toml",
             "SparseLoCo"),
-    Setting("sparseloco_olr3_h16_top32", "SparseLoCo's recipe at H = 16, top-32, outer lr 3", None,
+    Setting("sparseloco_olr3_h16_top32", "SparseLoCo's recipe at H = 16, top-32, outer lr 3",
+            "gpu_2gpu_sparseloco_h16_top32.toml",
             "SparseLoCo H = 16 top-32"),
 )
 

@@ -214,16 +214,15 @@ def test_the_long_runs_loss_costs_are_their_data():
         for folder, run, adamw in pairs:
             paired_seeds.check_same_data(data(folder), [run, adamw])
     # The shipped preset a run's name stands for, with the flags it names (sparseloco_olr2_*:
-    # --flexdemo.outer_lr 2.0 on gpu_2gpu_sparseloco.toml; _top48: and --flexdemo.outer_topk 48; _h16_top32:
-    # outer lr 3, sync_interval 16 and outer_topk 32; docs/results/*/meta.json). sparseloco_olr3 is the
-    # headline's setting: its own preset, no flags.
+    # --flexdemo.outer_lr 2.0 on gpu_2gpu_sparseloco.toml; _top48: and --flexdemo.outer_topk 48;
+    # docs/results/*/meta.json). The headline's settings have presets of their own, no flags.
     shipped = {"demo_diloco_h30": ("gpu_2gpu_demo_diloco_h30.toml", {}),
                "sparseloco": ("gpu_2gpu_sparseloco.toml", {}),
                "sparseloco_olr2": ("gpu_2gpu_sparseloco.toml", {"outer_lr": 2.0}),
                "sparseloco_olr2_top48": ("gpu_2gpu_sparseloco.toml", {"outer_lr": 2.0, "outer_topk": 48}),
                "sparseloco_olr3": ("gpu_2gpu_sparseloco_outer_lr3.toml", {}),
-               "sparseloco_olr3_h16_top32": ("gpu_2gpu_sparseloco_outer_lr3.toml",
-                                             {"sync_interval": 16, "outer_topk": 32})}
+               "sparseloco_olr3_h16_top32": ("gpu_2gpu_sparseloco_h16_top32.toml", {}),
+               "top16": ("gpu_2gpu_flexdemo_top16.toml", {})}
     defaults = dataclasses.asdict(FlexDemo())  # a key a preset leaves out takes [flexdemo]'s default
     for cost in cited:
         config, flags = shipped[cost.runs[0].split("/")[1].rsplit("_s", 1)[0]]

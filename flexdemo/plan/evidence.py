@@ -126,6 +126,7 @@ VERSION1_SEEDS = (1234, 4321, 5678)  # corpus version 1's, which its settings we
 CLAIM_SEEDS = (11, 22, 33, 44)  # the comparison corpus's, no setting tuned on them
 SPARSELOCO_OLR3 = {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64, "outer_value_encoding": "two_bit",
                    "outer_transform": "none", "outer_lr": 3.0}
+SPARSELOCO_OLR3_H16_TOP32 = {**SPARSELOCO_OLR3, "sync_interval": 16, "outer_topk": 32}
 
 LOSS_COSTS = (
     LossCost("demo", {"exchange": "allgather", "topk": 32, "value_encoding": "sign", "overlap": False},
@@ -160,11 +161,16 @@ LOSS_COSTS = (
                              "outer_value_encoding": "scaled_sign", "outer_transform": "dct", "outer_lr": 1.5},
              (0.041, 0.037, 0.013, 0.035), "small, W = 2, 3990 steps, results.md 11",
              _runs("pysource2_frontier_h100", "demo_diloco_h30", CLAIM_SEEDS), corpus=2),
-    # about the same bytes as H = 30 top-64, one seed so far
-    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 16, "outer_topk": 32,
-                             "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 3.0},
-             (-0.030,), "small, W = 2, 3990 steps, results.md 10",
+    # about the same bytes as H = 30 top-64: one seed on corpus version 1, the claim seeds run so far on the
+    # comparison corpus
+    LossCost("demo_diloco", SPARSELOCO_OLR3_H16_TOP32, (-0.030,), "small, W = 2, 3990 steps, results.md 10",
              _runs("long_small_shared_h200", "sparseloco_olr3_h16_top32", VERSION1_SEEDS[2:])),
+    LossCost("demo_diloco", SPARSELOCO_OLR3_H16_TOP32, (0.060, 0.067), "small, W = 2, 3990 steps, results.md 11",
+             _runs("pysource2_frontier_h100", "sparseloco_olr3_h16_top32", CLAIM_SEEDS[:2]), corpus=2),
+    # per-step top-16 on the comparison corpus, claim seeds (1 x H100, results.md 11)
+    LossCost("demo", {"exchange": "allgather", "topk": 16, "value_encoding": "sign", "overlap": False},
+             (0.014, 0.044, 0.021, 0.005), "small, W = 2, 3990 steps, results.md 11",
+             _runs("pysource2_frontier_h100", "top16", CLAIM_SEEDS), corpus=2),
     LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 48,
                              "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 2.0},
              (-0.022, -0.081, 0.069), "small, W = 2, 3990 steps, results.md 10",

@@ -85,7 +85,7 @@ def _settings_text(settings: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in settings.items()) or "-"
 
 
-# SparseLoCo's recipe (gpu_2gpu_sparseloco.toml); its outer-lr-3 preset differs in outer_lr only.
+# SparseLoCo's recipe (gpu_2gpu_sparseloco.toml); its outer-lr-3 presets differ in outer_lr (and H, k) only.
 _SPARSELOCO = (("sync_interval", 30), ("outer_transform", "none"), ("outer_topk", 64), ("outer_chunk", 64),
                ("outer_value_encoding", "two_bit"), ("outer_decay", 0.95), ("outer_lr", 1.0), ("outer_momentum", 0.0),
                ("outer_nesterov", False), ("exchange", "allgather"))
@@ -103,6 +103,9 @@ PRESETS = {
     "gpu_2gpu_sparseloco.toml": Variant("demo_diloco", _SPARSELOCO, "gpu_2gpu_sparseloco.toml"),
     "gpu_2gpu_sparseloco_outer_lr3.toml": Variant("demo_diloco", tuple({**dict(_SPARSELOCO), "outer_lr": 3.0}.items()),
                                                   "gpu_2gpu_sparseloco_outer_lr3.toml"),
+    "gpu_2gpu_sparseloco_h16_top32.toml": Variant("demo_diloco", tuple(
+        {**dict(_SPARSELOCO), "outer_lr": 3.0, "sync_interval": 16, "outer_topk": 32}.items()),
+        "gpu_2gpu_sparseloco_h16_top32.toml"),
 }
 VARIANTS = (
     Variant("off"), Variant("demo", (("exchange", "allgather"),)), Variant("demo", (("exchange", "sharded"),)),
