@@ -124,32 +124,31 @@ def _runs(folder: str, name: str, seeds: tuple[int, ...]) -> tuple[str, ...]:
 
 VERSION1_SEEDS = (1234, 4321, 5678)  # corpus version 1's, which its settings were tuned on
 CLAIM_SEEDS = (11, 22, 33, 44)  # the comparison corpus's, no setting tuned on them
-SPARSELOCO_OLR3 = {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64, "outer_value_encoding": "two_bit",
-                   "outer_transform": "none", "outer_lr": 3.0}
+# The settings several costs share; their variations below change a few keys, in place.
+TOP16 = {"exchange": "allgather", "topk": 16, "value_encoding": "sign", "overlap": False}
+DEMO_DILOCO_DCT = {"exchange": "allgather", "sync_interval": 16, "outer_topk": 256,
+                   "outer_value_encoding": "scaled_sign", "outer_transform": "dct", "outer_lr": 1.0}
+SPARSELOCO = {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64, "outer_value_encoding": "two_bit",
+              "outer_transform": "none", "outer_lr": 1.0}
+SPARSELOCO_OLR3 = {**SPARSELOCO, "outer_lr": 3.0}
 SPARSELOCO_OLR3_H16_TOP32 = {**SPARSELOCO_OLR3, "sync_interval": 16, "outer_topk": 32}
 
 LOSS_COSTS = (
     LossCost("demo", {"exchange": "allgather", "topk": 32, "value_encoding": "sign", "overlap": False},
              (-0.041, -0.053), "1B, W = 2, 1024 steps, results.md 1.1"),
-    LossCost("demo", {"exchange": "allgather", "topk": 16, "value_encoding": "sign", "overlap": False},
-             (-0.010, -0.011), "1B, W = 2, 1024 steps, results.md 1.6"),
+    LossCost("demo", TOP16, (-0.010, -0.011), "1B, W = 2, 1024 steps, results.md 1.6"),
     LossCost("demo", {"exchange": "sharded", "topk": 32, "value_encoding": "sign", "overlap": False},
              (0.11, 0.24), "small, W = 4, 1000 steps, results.md 5"),
     LossCost("demo", {"exchange": "allgather", "topk": 32, "value_encoding": "sign", "overlap": True},
              (0.188,), "small, W = 2, results.md 1.2"),
     LossCost("diloco", {"sync_interval": 32, "outer_value_encoding": "bf16"},
              (0.143,), "1B, W = 2, 1024 steps, results.md 2"),
-    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 16, "outer_topk": 256,
-                             "outer_value_encoding": "scaled_sign", "outer_transform": "dct", "outer_lr": 1.0},
-             (-0.010, -0.020), "1B, W = 2, 1024 steps, results.md 3.1"),
-    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64,
-                             "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 1.0},
-             (0.189, 0.068), "small, W = 2, 3990 steps, results.md 10",
+    LossCost("demo_diloco", DEMO_DILOCO_DCT, (-0.010, -0.020), "1B, W = 2, 1024 steps, results.md 3.1"),
+    LossCost("demo_diloco", SPARSELOCO, (0.189, 0.068), "small, W = 2, 3990 steps, results.md 10",
              _runs("long_small_shared_h200", "sparseloco", VERSION1_SEEDS[:2])),
     # SparseLoCo's recipe at outer lr 2 and 3 (--flexdemo.outer_lr on the preset)
-    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64,
-                             "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 2.0},
-             (-0.086, -0.144, 0.029), "small, W = 2, 3990 steps, results.md 10",
+    LossCost("demo_diloco", {**SPARSELOCO, "outer_lr": 2.0}, (-0.086, -0.144, 0.029),
+             "small, W = 2, 3990 steps, results.md 10",
              _runs("long_small_shared_h200", "sparseloco_olr2", VERSION1_SEEDS)),
     LossCost("demo_diloco", SPARSELOCO_OLR3, (-0.112, -0.054, 0.006), "small, W = 2, 3990 steps, results.md 10",
              _runs("long_small_shared_h200", "sparseloco_olr3", VERSION1_SEEDS)),
@@ -157,9 +156,8 @@ LOSS_COSTS = (
     LossCost("demo_diloco", SPARSELOCO_OLR3, (0.046, 0.063, 0.039, 0.048), "small, W = 2, 3990 steps, results.md 11",
              _runs("pysource2_frontier_h100", "sparseloco_olr3", CLAIM_SEEDS), corpus=2),
     # demo_diloco's DCT top-256 recipe at H = 30 on the comparison corpus, claim seeds (1 x H100, results.md 11)
-    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 256,
-                             "outer_value_encoding": "scaled_sign", "outer_transform": "dct", "outer_lr": 1.5},
-             (0.041, 0.037, 0.013, 0.035), "small, W = 2, 3990 steps, results.md 11",
+    LossCost("demo_diloco", {**DEMO_DILOCO_DCT, "sync_interval": 30, "outer_lr": 1.5}, (0.041, 0.037, 0.013, 0.035),
+             "small, W = 2, 3990 steps, results.md 11",
              _runs("pysource2_frontier_h100", "demo_diloco_h30", CLAIM_SEEDS), corpus=2),
     # about the same bytes as H = 30 top-64: one seed on corpus version 1, the claim seeds run so far on the
     # comparison corpus
@@ -168,12 +166,10 @@ LOSS_COSTS = (
     LossCost("demo_diloco", SPARSELOCO_OLR3_H16_TOP32, (0.060, 0.067), "small, W = 2, 3990 steps, results.md 11",
              _runs("pysource2_frontier_h100", "sparseloco_olr3_h16_top32", CLAIM_SEEDS[:2]), corpus=2),
     # per-step top-16 on the comparison corpus, claim seeds (1 x H100, results.md 11)
-    LossCost("demo", {"exchange": "allgather", "topk": 16, "value_encoding": "sign", "overlap": False},
-             (0.014, 0.044, 0.021, 0.005), "small, W = 2, 3990 steps, results.md 11",
+    LossCost("demo", TOP16, (0.014, 0.044, 0.021, 0.005), "small, W = 2, 3990 steps, results.md 11",
              _runs("pysource2_frontier_h100", "top16", CLAIM_SEEDS), corpus=2),
-    LossCost("demo_diloco", {"exchange": "allgather", "sync_interval": 30, "outer_topk": 48,
-                             "outer_value_encoding": "two_bit", "outer_transform": "none", "outer_lr": 2.0},
-             (-0.022, -0.081, 0.069), "small, W = 2, 3990 steps, results.md 10",
+    LossCost("demo_diloco", {**SPARSELOCO, "outer_topk": 48, "outer_lr": 2.0}, (-0.022, -0.081, 0.069),
+             "small, W = 2, 3990 steps, results.md 10",
              _runs("long_small_shared_h200", "sparseloco_olr2_top48", VERSION1_SEEDS)),
 )
 # A setting is recommended only where the 95% interval of its paired seeds' held-out loss against

@@ -89,17 +89,16 @@ def _settings_text(settings: dict) -> str:
 _SPARSELOCO = (("sync_interval", 30), ("outer_transform", "none"), ("outer_topk", 64), ("outer_chunk", 64),
                ("outer_value_encoding", "two_bit"), ("outer_decay", 0.95), ("outer_lr", 1.0), ("outer_momentum", 0.0),
                ("outer_nesterov", False), ("exchange", "allgather"))
+# demo_diloco's DCT recipe as the 4-GPU preset ships it; the H = 30 preset differs in H and outer lr only.
+_DEMO_DILOCO_DCT = (("sync_interval", 16), ("outer_lr", 1.0), ("outer_momentum", 0.0), ("outer_nesterov", False),
+                    ("outer_decay", 0.95), ("outer_value_encoding", "scaled_sign"), ("outer_topk", 256),
+                    ("outer_chunk", 64), ("outer_transform", "dct"), ("exchange", "allgather"))
 # The shipped presets' [flexdemo] keys (tests/test_plan.py checks them against train_configs/).
 PRESETS = {
     "gpu_2gpu_flexdemo_top16.toml": Variant("demo", (("topk", 16), ("exchange", "allgather")), "gpu_2gpu_flexdemo_top16.toml"),
-    "gpu_4gpu_2x2_demo_diloco.toml": Variant("demo_diloco", (
-        ("sync_interval", 16), ("outer_lr", 1.0), ("outer_momentum", 0.0), ("outer_nesterov", False),
-        ("outer_decay", 0.95), ("outer_value_encoding", "scaled_sign"), ("outer_topk", 256), ("outer_chunk", 64),
-        ("outer_transform", "dct"), ("exchange", "allgather")), "gpu_4gpu_2x2_demo_diloco.toml"),
-    "gpu_2gpu_demo_diloco_h30.toml": Variant("demo_diloco", (
-        ("sync_interval", 30), ("outer_lr", 1.5), ("outer_momentum", 0.0), ("outer_nesterov", False),
-        ("outer_decay", 0.95), ("outer_value_encoding", "scaled_sign"), ("outer_topk", 256), ("outer_chunk", 64),
-        ("outer_transform", "dct"), ("exchange", "allgather")), "gpu_2gpu_demo_diloco_h30.toml"),
+    "gpu_4gpu_2x2_demo_diloco.toml": Variant("demo_diloco", _DEMO_DILOCO_DCT, "gpu_4gpu_2x2_demo_diloco.toml"),
+    "gpu_2gpu_demo_diloco_h30.toml": Variant("demo_diloco", tuple(
+        {**dict(_DEMO_DILOCO_DCT), "sync_interval": 30, "outer_lr": 1.5}.items()), "gpu_2gpu_demo_diloco_h30.toml"),
     "gpu_2gpu_sparseloco.toml": Variant("demo_diloco", _SPARSELOCO, "gpu_2gpu_sparseloco.toml"),
     "gpu_2gpu_sparseloco_outer_lr3.toml": Variant("demo_diloco", tuple({**dict(_SPARSELOCO), "outer_lr": 3.0}.items()),
                                                   "gpu_2gpu_sparseloco_outer_lr3.toml"),
