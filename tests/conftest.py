@@ -5,6 +5,9 @@ import tempfile
 # Tests import their helpers (multiproc, reference_demo) as top-level modules.
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The runs tests start through scripts/launch.sh or elastic_demo.sh run their ranks with $PYTHON: the
+# interpreter running the tests, not whichever python3 PATH finds first (a venv not activated).
+os.environ["PYTHON"] = sys.executable
 # flexdemo's default asset cache: one per test session, not the user's home.
 os.environ.setdefault("FLEXDEMO_CACHE", tempfile.mkdtemp(prefix="flexdemo-test-cache-"))
 

@@ -8,7 +8,6 @@ here, not on a GPU machine."""
 
 import math
 import re
-import sys
 import tomllib
 
 import pytest
@@ -63,8 +62,7 @@ def test_only_presets_whose_shrunk_run_repeats_another_are_left_out():
 @pytest.mark.parametrize("name", RUNS)
 def test_shipped_config_trains_validates_and_keeps_replicas_identical(name, tmp_path, assets):
     outer = OUTER if "diloco" in _mode(name) else []
-    run = launch(CONFIGS / f"{name}.toml", tmp_path, *SHRINK, *outer, assets=assets, timeout=300, nproc=2,
-                 env={"PYTHON": sys.executable})
+    run = launch(CONFIGS / f"{name}.toml", tmp_path, *SHRINK, *outer, assets=assets, timeout=300, nproc=2)
     assert run.returncode == 0, run.output[-4000:]
     losses = {int(s): float(v) for s, v in VALIDATE.findall(run.output)}
     assert {4, 8} <= set(losses) and all(math.isfinite(v) for v in losses.values()), losses

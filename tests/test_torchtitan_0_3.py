@@ -378,4 +378,4 @@ def test_elastic_demo_survives_a_killed_replica_and_heals_it_bitwise(tmp_path):
     pytest.importorskip("torchft")
     from elastic_join import check_kill_and_heal
 
-    check_kill_and_heal(tmp_path, {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)})
+    check_kill_and_heal(tmp_path, {**os.environ, "PYTHONPATH": str(REPO)})
