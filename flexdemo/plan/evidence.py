@@ -159,12 +159,13 @@ LOSS_COSTS = (
     LossCost("demo_diloco", {**DEMO_DILOCO_DCT, "sync_interval": 30, "outer_lr": 1.5}, (0.041, 0.037, 0.013, 0.035),
              "small, W = 2, 3990 steps, results.md 11",
              _runs("pysource2_frontier_h100", "demo_diloco_h30", CLAIM_SEEDS), corpus=2),
-    # about the same bytes as H = 30 top-64: one seed on corpus version 1, the claim seeds run so far on the
-    # comparison corpus
+    # about the same bytes as H = 30 top-64: one seed on corpus version 1, claim seeds 11 / 22 / 33 on the
+    # comparison corpus (44 not run)
     LossCost("demo_diloco", SPARSELOCO_OLR3_H16_TOP32, (-0.030,), "small, W = 2, 3990 steps, results.md 10",
              _runs("long_small_shared_h200", "sparseloco_olr3_h16_top32", VERSION1_SEEDS[2:])),
-    LossCost("demo_diloco", SPARSELOCO_OLR3_H16_TOP32, (0.060, 0.067), "small, W = 2, 3990 steps, results.md 11",
-             _runs("pysource2_frontier_h100", "sparseloco_olr3_h16_top32", CLAIM_SEEDS[:2]), corpus=2),
+    LossCost("demo_diloco", SPARSELOCO_OLR3_H16_TOP32, (0.060, 0.067, 0.042),
+             "small, W = 2, 3990 steps, results.md 11",
+             _runs("pysource2_frontier_h100", "sparseloco_olr3_h16_top32", CLAIM_SEEDS[:3]), corpus=2),
     # per-step top-16 on the comparison corpus, claim seeds (1 x H100, results.md 11)
     LossCost("demo", TOP16, (0.014, 0.044, 0.021, 0.005), "small, W = 2, 3990 steps, results.md 11",
              _runs("pysource2_frontier_h100", "top16", CLAIM_SEEDS), corpus=2),
