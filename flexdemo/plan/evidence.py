@@ -126,6 +126,7 @@ VERSION1_SEEDS = (1234, 4321, 5678)  # corpus version 1's, which its settings we
 CLAIM_SEEDS = (11, 22, 33, 44)  # the comparison corpus's, no setting tuned on them
 # The settings several costs share; their variations below change a few keys, in place.
 TOP16 = {"exchange": "allgather", "topk": 16, "value_encoding": "sign", "overlap": False}
+TOP32 = {**TOP16, "topk": 32}
 DEMO_DILOCO_DCT = {"exchange": "allgather", "sync_interval": 16, "outer_topk": 256,
                    "outer_value_encoding": "scaled_sign", "outer_transform": "dct", "outer_lr": 1.0}
 SPARSELOCO = {"exchange": "allgather", "sync_interval": 30, "outer_topk": 64, "outer_value_encoding": "two_bit",
@@ -134,13 +135,10 @@ SPARSELOCO_OLR3 = {**SPARSELOCO, "outer_lr": 3.0}
 SPARSELOCO_OLR3_H16_TOP32 = {**SPARSELOCO_OLR3, "sync_interval": 16, "outer_topk": 32}
 
 LOSS_COSTS = (
-    LossCost("demo", {"exchange": "allgather", "topk": 32, "value_encoding": "sign", "overlap": False},
-             (-0.041, -0.053), "1B, W = 2, 1024 steps, results.md 1.1"),
+    LossCost("demo", TOP32, (-0.041, -0.053), "1B, W = 2, 1024 steps, results.md 1.1"),
     LossCost("demo", TOP16, (-0.010, -0.011), "1B, W = 2, 1024 steps, results.md 1.6"),
-    LossCost("demo", {"exchange": "sharded", "topk": 32, "value_encoding": "sign", "overlap": False},
-             (0.11, 0.24), "small, W = 4, 1000 steps, results.md 5"),
-    LossCost("demo", {"exchange": "allgather", "topk": 32, "value_encoding": "sign", "overlap": True},
-             (0.188,), "small, W = 2, results.md 1.2"),
+    LossCost("demo", {**TOP32, "exchange": "sharded"}, (0.11, 0.24), "small, W = 4, 1000 steps, results.md 5"),
+    LossCost("demo", {**TOP32, "overlap": True}, (0.188,), "small, W = 2, results.md 1.2"),
     LossCost("diloco", {"sync_interval": 32, "outer_value_encoding": "bf16"},
              (0.143,), "1B, W = 2, 1024 steps, results.md 2"),
     LossCost("demo_diloco", DEMO_DILOCO_DCT, (-0.010, -0.020), "1B, W = 2, 1024 steps, results.md 3.1"),

@@ -93,19 +93,23 @@ _SPARSELOCO = (("sync_interval", 30), ("outer_transform", "none"), ("outer_topk"
 _DEMO_DILOCO_DCT = (("sync_interval", 16), ("outer_lr", 1.0), ("outer_momentum", 0.0), ("outer_nesterov", False),
                     ("outer_decay", 0.95), ("outer_value_encoding", "scaled_sign"), ("outer_topk", 256),
                     ("outer_chunk", 64), ("outer_transform", "dct"), ("exchange", "allgather"))
+
+
+def _varied(keys: tuple, **changes) -> tuple:
+    """``keys`` with some values changed, in the same order."""
+    return tuple({**dict(keys), **changes}.items())
+
+
 # The shipped presets' [flexdemo] keys (tests/test_plan.py checks them against train_configs/).
-PRESETS = {
-    "gpu_2gpu_flexdemo_top16.toml": Variant("demo", (("topk", 16), ("exchange", "allgather")), "gpu_2gpu_flexdemo_top16.toml"),
-    "gpu_4gpu_2x2_demo_diloco.toml": Variant("demo_diloco", _DEMO_DILOCO_DCT, "gpu_4gpu_2x2_demo_diloco.toml"),
-    "gpu_2gpu_demo_diloco_h30.toml": Variant("demo_diloco", tuple(
-        {**dict(_DEMO_DILOCO_DCT), "sync_interval": 30, "outer_lr": 1.5}.items()), "gpu_2gpu_demo_diloco_h30.toml"),
-    "gpu_2gpu_sparseloco.toml": Variant("demo_diloco", _SPARSELOCO, "gpu_2gpu_sparseloco.toml"),
-    "gpu_2gpu_sparseloco_outer_lr3.toml": Variant("demo_diloco", tuple({**dict(_SPARSELOCO), "outer_lr": 3.0}.items()),
-                                                  "gpu_2gpu_sparseloco_outer_lr3.toml"),
-    "gpu_2gpu_sparseloco_h16_top32.toml": Variant("demo_diloco", tuple(
-        {**dict(_SPARSELOCO), "outer_lr": 3.0, "sync_interval": 16, "outer_topk": 32}.items()),
-        "gpu_2gpu_sparseloco_h16_top32.toml"),
-}
+PRESETS = {v.preset: v for v in (
+    Variant("demo", (("topk", 16), ("exchange", "allgather")), "gpu_2gpu_flexdemo_top16.toml"),
+    Variant("demo_diloco", _DEMO_DILOCO_DCT, "gpu_4gpu_2x2_demo_diloco.toml"),
+    Variant("demo_diloco", _varied(_DEMO_DILOCO_DCT, sync_interval=30, outer_lr=1.5), "gpu_2gpu_demo_diloco_h30.toml"),
+    Variant("demo_diloco", _SPARSELOCO, "gpu_2gpu_sparseloco.toml"),
+    Variant("demo_diloco", _varied(_SPARSELOCO, outer_lr=3.0), "gpu_2gpu_sparseloco_outer_lr3.toml"),
+    Variant("demo_diloco", _varied(_SPARSELOCO, outer_lr=3.0, sync_interval=16, outer_topk=32),
+            "gpu_2gpu_sparseloco_h16_top32.toml"),
+)}
 VARIANTS = (
     Variant("off"), Variant("demo", (("exchange", "allgather"),)), Variant("demo", (("exchange", "sharded"),)),
     Variant("diloco"), Variant("demo_diloco"), *PRESETS.values(),
